@@ -1,0 +1,536 @@
+"""Run one candidate for real and measure it.
+
+# NOTE [ Measurement protocol ]
+# 1. Build a fresh DataLoader from the candidate (the user's objects are never changed). The time from
+#    ``iter(loader)`` to the first batch is ``startup_s`` (worker start, cache warm-up).
+# 2. Warm-up batches run untimed: enough to drain what the workers prepared while the loader started
+#    (num_workers * prefetch_factor batches) plus WARMUP_BATCHES, so the window sees the steady state.
+# 3. The window: for every batch, the time blocked in ``next()`` is ``wait`` and the time in the step
+#    (batch moved to the device, then the user's step) is ``step``. On CUDA the step is timed with CUDA
+#    events so the host never serialises the device; on CPU with ``time.perf_counter``. The window runs
+#    for at least ``min_batches`` batches and ``window_s`` seconds, at most ``max_batches``; when an
+#    epoch ends inside it, a new epoch starts and its start-up counts as waiting, as in training.
+# 4. ``samples_per_s`` = samples in the window / window wall time; ``busy`` = step time / wall time.
+# 5. Guards: a watchdog thread checks the per-batch and whole-trial time limits and the memory of the
+#    main process plus all its children (PSS where the OS reports it, so pages the workers share with
+#    the main process count once). On a breach it kills the workers and interrupts the main thread; the
+#    trial fails with TrialTimeout or MemoryLimitExceeded. In every case the iterator is shut down and
+#    every worker is gone (waited for, then killed) before ``measure`` returns or raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import statistics
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from . import pretransform as pt
+from .exceptions import CandidateError, MemoryLimitExceeded, TrialPruned, TrialTimeout, WorkerFailed
+from .space import Candidate
+
+log = logging.getLogger(__name__)
+
+WARMUP_BATCHES = 2
+"""Untimed batches after start-up, on top of draining the workers' initial prefetch."""
+
+MAX_WARMUP_BATCHES = 64
+"""Cap on warm-up, so many workers with a deep prefetch do not eat the trial."""
+
+DEFAULT_WINDOW_S = 1.0
+"""Steady-state window length: long enough to average scheduler noise, short enough for 30+ trials."""
+
+DEFAULT_BATCH_TIMEOUT_S = 60.0
+"""A single batch taking longer than this is a hang, not a slow dataset."""
+
+DEFAULT_TRIAL_TIMEOUT_S = 120.0
+"""No single candidate may take longer than this, start-up and shut-down included."""
+
+SHUTDOWN_TIMEOUT_S = 10.0
+"""How long worker processes get to exit after their iterator is shut down, before being killed."""
+
+WATCHDOG_POLL_S = 0.05
+"""How often the watchdog checks time and memory."""
+
+_INTERRUPT_SIGNAL = getattr(signal, "SIGUSR2", None)
+
+
+@dataclass(frozen=True)
+class MeasureLimits:
+    """How long and how much one measurement may take."""
+
+    window_s: float = DEFAULT_WINDOW_S
+    min_batches: int = 5
+    max_batches: int = 500
+    batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S
+    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
+    memory_limit_bytes: int | None = None
+    """Ceiling on the PSS of this process plus all its children; ``None``: no memory guard."""
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "batch_timeout_s", "trial_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name}={value!r} must be a positive number of seconds.")
+        if self.min_batches < 1 or self.max_batches < self.min_batches:
+            raise ValueError(
+                f"min_batches={self.min_batches}, max_batches={self.max_batches}: need"
+                " 1 <= min_batches <= max_batches."
+            )
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one candidate achieved (see NOTE [ Measurement protocol ])."""
+
+    samples_per_s: float
+    busy: float
+    wait_fraction: float
+    step_ms: float
+    wait_ms: float
+    startup_s: float
+    batches: int
+    samples: int
+    window_s: float
+    peak_memory_bytes: int
+    build_s: float = 0.0
+    cache_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+ProgressFn = Callable[[int, float], bool]
+"""Called during the window with (batches so far, samples/s so far); returning True prunes the trial."""
+
+
+def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """Move every tensor in a (nested) batch to ``device``; other values pass through."""
+    if isinstance(batch, torch.Tensor):
+        if batch.device == device:
+            return batch
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(to_device(v, device, non_blocking) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device, non_blocking) for v in batch)
+    return batch
+
+
+def batch_length(batch: Any, default: int) -> int:
+    """Samples in a collated batch: the leading dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else default
+    if isinstance(batch, dict):
+        for v in batch.values():
+            return batch_length(v, default)
+    if isinstance(batch, (list, tuple)) and batch:
+        first = batch[0]
+        if isinstance(first, (torch.Tensor, dict, list, tuple)):
+            return batch_length(first, default)
+        return len(batch)
+    return default
+
+
+def process_memory(proc: psutil.Process | None = None) -> int:
+    """PSS (or RSS where PSS is not reported) of a process and all its children, in bytes."""
+    proc = proc or psutil.Process()
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            info = p.memory_full_info()
+            total += int(getattr(info, "pss", 0) or info.rss)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        except psutil.AccessDenied:
+            with contextlib.suppress(psutil.Error):
+                total += int(p.memory_info().rss)
+    return total
+
+
+def child_pids() -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def reap_new_children(before: set[int], timeout_s: float = SHUTDOWN_TIMEOUT_S) -> list[int]:
+    """Wait for children that did not exist in ``before`` to exit; kill those that do not.
+
+    Returns the pids that had to be killed (an empty list is the normal case).
+    """
+    try:
+        procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    except psutil.Error:
+        return []
+    if not procs:
+        return []
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    killed = []
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+            killed.append(p.pid)
+    if alive:
+        psutil.wait_procs(alive, timeout=timeout_s)
+        log.warning("killed %d worker process(es) that did not exit: %s", len(killed), killed)
+    return killed
+
+
+class _Watchdog(threading.Thread):
+    """Enforces the time and memory limits of one trial from a side thread."""
+
+    def __init__(self, limits: MeasureLimits, before: set[int], interrupt: bool) -> None:
+        super().__init__(name="autotune-watchdog", daemon=True)
+        self.limits = limits
+        self.before = before
+        self.interrupt = interrupt
+        self.main_ident = threading.main_thread().ident
+        self.started_at = time.perf_counter()
+        self.last_progress = self.started_at
+        self.peak_memory = 0
+        self.failure: CandidateError | None = None
+        self._stop_event = threading.Event()
+        self._proc = psutil.Process()
+
+    def progress(self) -> None:
+        self.last_progress = time.perf_counter()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+
+    def run(self) -> None:
+        limits = self.limits
+        while not self._stop_event.wait(WATCHDOG_POLL_S):
+            now = time.perf_counter()
+            try:
+                mem = process_memory(self._proc)
+            except psutil.Error:
+                mem = 0
+            self.peak_memory = max(self.peak_memory, mem)
+            if limits.memory_limit_bytes is not None and mem > limits.memory_limit_bytes:
+                self._fail(
+                    MemoryLimitExceeded(
+                        f"the main process and its workers used {mem / 2**20:.0f} MiB, over the"
+                        f" memory budget of {limits.memory_limit_bytes / 2**20:.0f} MiB"
+                    )
+                )
+            elif now - self.started_at > limits.trial_timeout_s:
+                self._fail(
+                    TrialTimeout(f"the trial ran past its time limit of {limits.trial_timeout_s:.1f} s")
+                )
+            elif now - self.last_progress > limits.batch_timeout_s:
+                self._fail(
+                    TrialTimeout(
+                        f"no batch arrived for {limits.batch_timeout_s:.1f} s (batch time limit);"
+                        " the dataset or a worker hangs"
+                    )
+                )
+            if self.failure is not None:
+                return
+
+    def _fail(self, failure: CandidateError) -> None:
+        self.failure = failure
+        # Kill the workers first: the main thread may be blocked waiting on them.
+        with contextlib.suppress(psutil.Error):
+            for p in self._proc.children(recursive=True):
+                if p.pid not in self.before:
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+        if self.interrupt and _INTERRUPT_SIGNAL is not None and self.main_ident is not None:
+            with contextlib.suppress(OSError, ValueError):
+                signal.pthread_kill(self.main_ident, _INTERRUPT_SIGNAL)
+
+
+class _Interrupted(BaseException):
+    """Raised in the main thread by the watchdog's signal; turned into the watchdog's failure."""
+
+
+class _Arm:
+    """Whether the watchdog's signal may interrupt the main thread right now."""
+
+    def __init__(self, possible: bool) -> None:
+        self.possible = possible
+        self.armed = possible
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[_Arm]:
+    """Let the watchdog interrupt the main thread, where signals can be handled at all."""
+    if _INTERRUPT_SIGNAL is None or threading.current_thread() is not threading.main_thread():
+        yield _Arm(False)
+        return
+    arm = _Arm(True)
+
+    def handler(signum: int, frame: Any) -> None:
+        if arm.armed:
+            arm.armed = False
+            raise _Interrupted()
+
+    old = signal.signal(_INTERRUPT_SIGNAL, handler)
+    try:
+        yield arm
+    finally:
+        arm.armed = False
+        signal.signal(_INTERRUPT_SIGNAL, old)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Set the main process's intra-op thread count for the block; always restored."""
+    old = torch.get_num_threads()
+    if n is not None and n != old:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != old:
+            torch.set_num_threads(old)
+
+
+def make_loader(
+    dataset: Any,
+    candidate: Candidate,
+    *,
+    device: torch.device,
+    shuffle: bool = True,
+    collate_fn: Callable[[Any], Any] | None = None,
+    seed: int | None = None,
+    batch_timeout_s: float = 0.0,
+    **overrides: Any,
+) -> DataLoader[Any]:
+    """A DataLoader for ``candidate`` over ``dataset``, with the pre-transform applied."""
+    prepared = pt.prepare(dataset, candidate.pretransform, device=device)
+    kwargs: dict[str, Any] = candidate.loader_kwargs()
+    if prepared.collate_fn is not None:
+        kwargs["collate_fn"] = prepared.collate_fn
+    elif collate_fn is not None:
+        kwargs["collate_fn"] = collate_fn
+    if isinstance(prepared.dataset, IterableDataset):
+        shuffle = False
+    kwargs["shuffle"] = shuffle
+    if candidate.num_workers > 0 and batch_timeout_s > 0:
+        kwargs["timeout"] = batch_timeout_s
+    if seed is not None and shuffle:
+        kwargs["generator"] = torch.Generator().manual_seed(seed)
+    kwargs.update(overrides)
+    with quiet_worker_warning():
+        return DataLoader(prepared.dataset, **kwargs)
+
+
+@contextlib.contextmanager
+def quiet_worker_warning() -> Iterator[None]:
+    """Silence PyTorch's too-many-workers warning: the search decides that by measuring."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        yield
+
+
+def _shutdown(iterator: Any, loader: Any) -> None:
+    for it in (iterator, getattr(loader, "_iterator", None)):
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            with contextlib.suppress(Exception):
+                shutdown()
+    if loader is not None:
+        loader._iterator = None
+
+
+def _map_loader_error(err: BaseException) -> CandidateError | None:
+    """Failures that belong to the candidate's worker processes, not to the user's code."""
+    text = str(err)
+    if isinstance(err, RuntimeError):
+        if "DataLoader timed out" in text:
+            return TrialTimeout(f"a worker produced no batch in time ({text})")
+        if "DataLoader worker" in text and ("exited unexpectedly" in text or "killed by" in text):
+            return WorkerFailed(text.strip().splitlines()[0])
+        if "_share_filename_" in text or "only available on CPU" in text:
+            return WorkerFailed(
+                "workers cannot share CUDA tensors (_share_filename_: only available on CPU);"
+                " use num_workers=0 for data that lives on the GPU"
+            )
+    return None
+
+
+def measure(
+    dataset: Any,
+    candidate: Candidate,
+    *,
+    step: Callable[[Any], Any] | None = None,
+    device: torch.device | str = "cpu",
+    limits: MeasureLimits | None = None,
+    progress: ProgressFn | None = None,
+    shuffle: bool = True,
+    collate_fn: Callable[[Any], Any] | None = None,
+    seed: int | None = 0,
+) -> Measurement:
+    """Measure ``candidate`` on ``dataset`` for real (see NOTE [ Measurement protocol ]).
+
+    Raises a :class:`CandidateError` subclass when the candidate itself fails (timeout, memory,
+    a dead worker, pruned); any other exception comes from the user's dataset or step, unchanged.
+    """
+    limits = limits or MeasureLimits()
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    before = child_pids()
+    prepared = pt.prepare(dataset, candidate.pretransform, device=device)
+    loader: Any = None
+    holder: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch_threads(candidate.torch_threads))
+        arm = stack.enter_context(_interruptible())
+        watchdog = _Watchdog(limits, before, interrupt=arm.possible)
+        watchdog.start()
+        try:
+            loader = make_loader(
+                dataset,
+                candidate,
+                device=device,
+                shuffle=shuffle,
+                collate_fn=collate_fn,
+                seed=seed,
+                batch_timeout_s=limits.batch_timeout_s,
+            )
+            result = _run(loader, holder, candidate, step, device, limits, watchdog, progress, cuda)
+        except _Interrupted as err:
+            failure = watchdog.failure or TrialTimeout("the trial was interrupted")
+            raise failure from err
+        except CandidateError:
+            raise
+        except Exception as err:
+            if watchdog.failure is not None:
+                raise watchdog.failure from err
+            mapped = _map_loader_error(err)
+            if mapped is not None:
+                raise mapped from err
+            raise
+        finally:
+            # Disarm first: a late signal must not cut the shut-down short.
+            arm.armed = False
+            watchdog.stop()
+            _shutdown(holder.get("iterator"), loader)
+            reap_new_children(before)
+        if watchdog.failure is not None:
+            raise watchdog.failure
+    return Measurement(
+        peak_memory_bytes=watchdog.peak_memory,
+        build_s=prepared.build_s,
+        cache_bytes=prepared.nbytes,
+        **result,
+    )
+
+
+def _run(
+    loader: Any,
+    holder: dict[str, Any],
+    candidate: Candidate,
+    step: Callable[[Any], Any] | None,
+    device: torch.device,
+    limits: MeasureLimits,
+    watchdog: _Watchdog,
+    progress: ProgressFn | None,
+    cuda: bool,
+) -> dict[str, Any]:
+    non_blocking = candidate.pin_memory and cuda
+
+    def consume(batch: Any) -> Any:
+        batch = to_device(batch, device, non_blocking)
+        return step(batch) if step is not None else None
+
+    t0 = time.perf_counter()
+    with quiet_worker_warning():
+        iterator = holder["iterator"] = iter(loader)
+    first = next(iterator)
+    startup_s = time.perf_counter() - t0
+    watchdog.progress()
+    consume(first)
+    if cuda:
+        torch.cuda.synchronize(device)
+
+    warmup = WARMUP_BATCHES
+    if candidate.num_workers > 0:
+        warmup += candidate.num_workers * (candidate.prefetch_factor or 2)
+    warmup = min(warmup, MAX_WARMUP_BATCHES)
+
+    def next_batch() -> Any:
+        nonlocal iterator
+        try:
+            return next(iterator)
+        except StopIteration:
+            # A new epoch inside the window: its start-up counts as waiting, as it does in training.
+            with quiet_worker_warning():
+                iterator = holder["iterator"] = iter(loader)
+            return next(iterator)
+
+    for _ in range(warmup):
+        consume(next_batch())
+        watchdog.progress()
+    if cuda:
+        torch.cuda.synchronize(device)
+
+    waits: list[float] = []
+    steps: list[float] = []
+    samples = 0
+    window_start = time.perf_counter()
+    events: list[tuple[Any, Any]] = []
+    while True:
+        tw = time.perf_counter()
+        batch = next_batch()
+        ts = time.perf_counter()
+        waits.append(ts - tw)
+        samples += batch_length(batch, candidate.batch_size)
+        if cuda:
+            start_ev = torch.cuda.Event(enable_timing=True)
+            end_ev = torch.cuda.Event(enable_timing=True)
+            start_ev.record()
+            consume(batch)
+            end_ev.record()
+            events.append((start_ev, end_ev))
+        else:
+            consume(batch)
+            steps.append(time.perf_counter() - ts)
+        watchdog.progress()
+        n = len(waits)
+        elapsed = time.perf_counter() - window_start
+        if progress is not None and n >= limits.min_batches and n % limits.min_batches == 0:
+            if progress(n, samples / max(elapsed, 1e-9)):
+                raise TrialPruned(
+                    f"pruned after {n} batches at {samples / max(elapsed, 1e-9):.0f} samples/s"
+                )
+        if n >= limits.max_batches or (n >= limits.min_batches and elapsed >= limits.window_s):
+            break
+    if cuda:
+        torch.cuda.synchronize(device)
+        steps = [s.elapsed_time(e) / 1000.0 for s, e in events]
+    wall = time.perf_counter() - window_start
+    step_total = sum(steps)
+    return {
+        "samples_per_s": samples / wall,
+        "busy": min(1.0, step_total / wall),
+        "wait_fraction": min(1.0, sum(waits) / wall),
+        "step_ms": statistics.median(steps) * 1000.0,
+        "wait_ms": statistics.median(waits) * 1000.0,
+        "startup_s": startup_s,
+        "batches": len(waits),
+        "samples": samples,
+        "window_s": wall,
+    }

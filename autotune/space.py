@@ -1,0 +1,274 @@
+"""The search space: which DataLoader settings exist on this machine, for this workload.
+
+A :class:`Candidate` is one point; a :class:`SearchSpace` says which points are feasible. Infeasible
+combinations are excluded here, by construction, so the search never samples one (see
+``SearchSpace.check``): ``prefetch_factor`` and ``persistent_workers`` exist only with workers,
+``pin_memory`` only with CUDA, the ``device`` pre-transform only with CUDA and ``num_workers=0``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from .exceptions import ConfigurationError
+from .machine import MachineInfo
+
+PRETRANSFORMS = ("none", "ram", "device")
+"""Where the deterministic part of the transform runs: per sample, once into RAM, once onto the GPU."""
+
+DEFAULT_BATCH_SIZES = (16, 32, 64, 128, 256)
+"""Searched when ``batch_size=None``: powers of two around the common 32-128 range."""
+
+BASELINE_BATCH_SIZE = 32
+"""The batch size the PyTorch-defaults baseline uses when the batch size is searched, not fixed."""
+
+PREFETCH_FACTORS = (1, 2, 4, 8)
+"""Batches each worker keeps ready. PyTorch's default is 2; more only helps bursty samples."""
+
+WORKERS_PER_CPU = 4
+"""The worker bound is this many per usable CPU (see NOTE [ Worker bound ])."""
+
+MAX_WORKERS = 64
+"""Hard ceiling on the worker bound, whatever the core count."""
+
+# NOTE [ Worker bound ]
+# num_workers is searched from 0 to min(WORKERS_PER_CPU * cpus, MAX_WORKERS), where cpus is the number
+# of CPUs usable by this process (its affinity mask) divided by the number of ranks sharing the node.
+# Past one worker per core, CPU-bound datasets only lose (the workers compete with each other and with
+# the step), but a dataset that waits on storage or the network keeps scaling, because a waiting worker
+# uses no CPU: the simulated 5 ms remote-storage read needs 4+ workers per core to saturate a core.
+# Beyond four per core, per-worker memory and start-up time outweigh any gain we have seen.
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One DataLoader configuration, plus the two settings around it that the tuner also decides.
+
+    ``torch_threads`` is the intra-op thread count for the main process (``None``: leave it as it is).
+    It matters on CPU-only machines, where the step competes with the workers for the same cores.
+    """
+
+    batch_size: int
+    num_workers: int = 0
+    pin_memory: bool = False
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    pretransform: str = "none"
+    torch_threads: int | None = None
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for ``torch.utils.data.DataLoader``; only the ones that apply."""
+        kwargs: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+        }
+        if self.num_workers > 0:
+            kwargs["prefetch_factor"] = self.prefetch_factor
+            kwargs["persistent_workers"] = self.persistent_workers
+        return kwargs
+
+    def label(self) -> str:
+        """A short, human-readable name: ``bs=64 w=3 pf=2 persist pin ram t=1``."""
+        parts = [f"bs={self.batch_size}", f"w={self.num_workers}"]
+        if self.num_workers > 0:
+            parts.append(f"pf={self.prefetch_factor}")
+            if self.persistent_workers:
+                parts.append("persist")
+        if self.pin_memory:
+            parts.append("pin")
+        if self.pretransform != "none":
+            parts.append(self.pretransform)
+        if self.torch_threads is not None:
+            parts.append(f"t={self.torch_threads}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Candidate:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Every setting the search may choose, with the constraints between them."""
+
+    batch_sizes: tuple[int, ...]
+    max_workers: int
+    cuda: bool = False
+    pretransforms: tuple[str, ...] = ("none",)
+    prefetch_factors: tuple[int, ...] = PREFETCH_FACTORS
+    torch_threads: tuple[int | None, ...] = (None,)
+    baseline_batch_size: int = BASELINE_BATCH_SIZE
+    excluded: dict[str, str] = field(default_factory=dict)
+    """Settings left out of the space, each with the reason (logged and reported)."""
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise ConfigurationError(
+                f"batch_sizes={self.batch_sizes!r} must be a non-empty list of positive integers."
+            )
+        if self.max_workers < 0:
+            raise ConfigurationError(f"max_workers={self.max_workers} must be >= 0.")
+        unknown = set(self.pretransforms) - set(PRETRANSFORMS)
+        if unknown or not self.pretransforms:
+            raise ConfigurationError(
+                f"pretransforms={self.pretransforms!r}: each must be one of {PRETRANSFORMS}."
+            )
+
+    @property
+    def worker_choices(self) -> range:
+        return range(0, self.max_workers + 1)
+
+    def check(self, c: Candidate) -> str | None:
+        """The reason ``c`` is infeasible in this space, or ``None`` when it is feasible."""
+        if c.batch_size not in self.batch_sizes and c.batch_size != self.baseline_batch_size:
+            return f"batch_size={c.batch_size} is not among {self.batch_sizes}"
+        if not 0 <= c.num_workers <= self.max_workers:
+            return f"num_workers={c.num_workers} is outside 0..{self.max_workers}"
+        if c.num_workers == 0 and (c.prefetch_factor is not None or c.persistent_workers):
+            return "prefetch_factor and persistent_workers need num_workers > 0"
+        if c.num_workers > 0 and c.prefetch_factor not in self.prefetch_factors:
+            return f"prefetch_factor={c.prefetch_factor} is not among {self.prefetch_factors}"
+        if c.pin_memory and not self.cuda:
+            return "pin_memory needs CUDA"
+        if c.pretransform not in self.pretransforms and c.pretransform != "none":
+            reason = self.excluded.get(f"pretransform={c.pretransform}", "not available")
+            return f"pretransform={c.pretransform!r}: {reason}"
+        if c.pretransform == "device" and c.num_workers > 0:
+            return (
+                "pretransform='device' needs num_workers=0: worker processes cannot share CUDA"
+                " tensors (_share_filename_: only available on CPU)"
+            )
+        if c.torch_threads not in self.torch_threads and c.torch_threads is not None:
+            return f"torch_threads={c.torch_threads} is not among {self.torch_threads}"
+        return None
+
+    def baseline(self) -> Candidate:
+        """PyTorch's own defaults at the workload's batch size: no workers, nothing pinned."""
+        return Candidate(batch_size=self.baseline_batch_size)
+
+    def heuristic(self, usable_cpus: int) -> Candidate:
+        """A common rule of thumb: one worker per core but one, default prefetch, kept alive."""
+        workers = min(self.max_workers, max(1, usable_cpus - 1)) if self.max_workers else 0
+        return Candidate(
+            batch_size=self.baseline_batch_size,
+            num_workers=workers,
+            pin_memory=self.cuda,
+            prefetch_factor=2 if workers else None,
+            persistent_workers=bool(workers),
+            torch_threads=self.torch_threads[-1],
+        )
+
+    def grid(self) -> Iterator[Candidate]:
+        """Every feasible candidate, in a fixed order (the exhaustive search benchmarks compare to)."""
+        pins = (False, True) if self.cuda else (False,)
+        for bs, pt, threads, pin in itertools.product(
+            self.batch_sizes, self.pretransforms, self.torch_threads, pins
+        ):
+            for workers in self.worker_choices:
+                if pt == "device" and workers:
+                    break
+                if workers == 0:
+                    yield Candidate(bs, 0, pin, None, False, pt, threads)
+                    continue
+                for pf, persist in itertools.product(self.prefetch_factors, (False, True)):
+                    yield Candidate(bs, workers, pin, pf, persist, pt, threads)
+
+    def size(self) -> int:
+        return sum(1 for _ in self.grid())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def worker_bound(usable_cpus: int, local_world_size: int = 1) -> int:
+    """The largest ``num_workers`` searched (see NOTE [ Worker bound ])."""
+    per_rank = max(1, usable_cpus // max(1, local_world_size))
+    return min(WORKERS_PER_CPU * per_rank, MAX_WORKERS)
+
+
+def thread_choices(machine: MachineInfo, local_world_size: int = 1) -> tuple[int | None, ...]:
+    """Main-process torch thread counts to search: only on CPU-only machines (see Candidate)."""
+    if machine.has_cuda:
+        return (None,)
+    per_rank = max(1, machine.usable_cpus // max(1, local_world_size))
+    return tuple(sorted({1, max(1, per_rank // 2), per_rank}))
+
+
+def resolve_batch_sizes(
+    batch_size: int | Sequence[int] | None, dataset_len: int | None
+) -> tuple[tuple[int, ...], int]:
+    """(batch sizes to search, baseline batch size) from the user's ``batch_size`` argument."""
+    if batch_size is None:
+        sizes = tuple(b for b in DEFAULT_BATCH_SIZES if dataset_len is None or b <= dataset_len)
+        if not sizes:
+            sizes = (max(1, dataset_len or 1),)
+        baseline = BASELINE_BATCH_SIZE if BASELINE_BATCH_SIZE in sizes else sizes[0]
+        return sizes, baseline
+    values = [batch_size] if isinstance(batch_size, int) else list(batch_size)
+    if not values:
+        raise ConfigurationError(
+            "batch_size=[] is empty; pass an int to fix the batch size, a list of ints to search"
+            " among them, or None to search the defaults."
+        )
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigurationError(
+                f"batch_size={v!r} is not a positive integer; pass an int >= 1, a list of them, or"
+                " None to search."
+            )
+        if dataset_len is not None and v > dataset_len:
+            raise ConfigurationError(
+                f"batch_size={v} is larger than the dataset ({dataset_len} samples); pass a batch"
+                f" size of at most {dataset_len}."
+            )
+    sizes = tuple(sorted(set(values)))
+    baseline = values[0] if len(values) == 1 else (
+        BASELINE_BATCH_SIZE if BASELINE_BATCH_SIZE in sizes else sizes[0]
+    )
+    return sizes, baseline
+
+
+def build_space(
+    machine: MachineInfo,
+    *,
+    batch_size: int | Sequence[int] | None,
+    dataset_len: int | None,
+    cuda: bool,
+    pretransforms: Sequence[str] = ("none",),
+    max_workers: int | None = None,
+    local_world_size: int = 1,
+    excluded: dict[str, str] | None = None,
+) -> SearchSpace:
+    """The space for this machine and the user's fixed choices."""
+    sizes, baseline = resolve_batch_sizes(batch_size, dataset_len)
+    bound = worker_bound(machine.usable_cpus, local_world_size)
+    if max_workers is not None:
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 0:
+            raise ConfigurationError(
+                f"max_workers={max_workers!r} must be a non-negative integer; use 0 to keep"
+                " loading in the main process."
+            )
+        bound = min(bound, max_workers)
+    pts = tuple(p for p in PRETRANSFORMS if p in pretransforms)
+    if "device" in pts and not cuda:
+        pts = tuple(p for p in pts if p != "device")
+    return SearchSpace(
+        batch_sizes=sizes,
+        max_workers=bound,
+        cuda=cuda,
+        pretransforms=pts or ("none",),
+        torch_threads=(None,) if cuda else thread_choices(machine, local_world_size),
+        baseline_batch_size=baseline,
+        excluded=dict(excluded or {}),
+    )
+
+
+def with_batch_size(c: Candidate, batch_size: int) -> Candidate:
+    return replace(c, batch_size=batch_size)
