@@ -392,7 +392,7 @@ def measure(
     device = torch.device(device)
     cuda = device.type == "cuda"
     before = child_pids()
-    prepared = pt.prepare(dataset, candidate.pretransform, device=device)
+    prepared: pt.Prepared | None = None
     loader: Any = None
     holder: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
@@ -401,6 +401,8 @@ def measure(
         watchdog = _Watchdog(limits, before, interrupt=arm.possible)
         watchdog.start()
         try:
+            # Inside the guard: building a pre-transform cache counts against the trial's limits.
+            prepared = pt.prepare(dataset, candidate.pretransform, device=device)
             loader = make_loader(
                 dataset,
                 candidate,
@@ -431,6 +433,7 @@ def measure(
             reap_new_children(before)
         if watchdog.failure is not None:
             raise watchdog.failure
+    assert prepared is not None
     return Measurement(
         peak_memory_bytes=watchdog.peak_memory,
         build_s=prepared.build_s,
@@ -511,11 +514,9 @@ def _run(
         watchdog.progress()
         n = len(waits)
         elapsed = time.perf_counter() - window_start
-        if progress is not None and n >= limits.min_batches and n % limits.min_batches == 0:
-            if progress(n, samples / max(elapsed, 1e-9)):
-                raise TrialPruned(
-                    f"pruned after {n} batches at {samples / max(elapsed, 1e-9):.0f} samples/s"
-                )
+        checkpoint = n >= limits.min_batches and n % limits.min_batches == 0
+        if checkpoint and progress is not None and progress(n, samples / max(elapsed, 1e-9)):
+            raise TrialPruned(f"pruned after {n} batches at {samples / max(elapsed, 1e-9):.0f} samples/s")
         if n >= limits.max_batches or (n >= limits.min_batches and elapsed >= limits.window_s):
             break
     if cuda:

@@ -42,6 +42,13 @@ MAX_WORKERS = 64
 # uses no CPU: the simulated 5 ms remote-storage read needs 4+ workers per core to saturate a core.
 # Beyond four per core, per-worker memory and start-up time outweigh any gain we have seen.
 
+# NOTE [ persistent_workers is decided, not searched ]
+# persistent_workers changes nothing in the steady state; its only effect on speed is that workers start
+# once instead of once per epoch, which the score accounts for exactly (NOTE [ Score ] in study.py), and
+# the memory it keeps between epochs is the memory the trial already measured. So with workers it is
+# True whenever more than one epoch is expected, and the search spends its trials on settings that
+# need measuring. A dataset that must be re-read by fresh workers every epoch can still override it.
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -104,6 +111,8 @@ class SearchSpace:
     pretransforms: tuple[str, ...] = ("none",)
     prefetch_factors: tuple[int, ...] = PREFETCH_FACTORS
     torch_threads: tuple[int | None, ...] = (None,)
+    persistent: bool = True
+    """``persistent_workers`` for every candidate with workers (see NOTE [ persistent_workers ... ])."""
     baseline_batch_size: int = BASELINE_BATCH_SIZE
     excluded: dict[str, str] = field(default_factory=dict)
     """Settings left out of the space, each with the reason (logged and reported)."""
@@ -135,6 +144,11 @@ class SearchSpace:
             return "prefetch_factor and persistent_workers need num_workers > 0"
         if c.num_workers > 0 and c.prefetch_factor not in self.prefetch_factors:
             return f"prefetch_factor={c.prefetch_factor} is not among {self.prefetch_factors}"
+        if c.num_workers > 0 and c.persistent_workers != self.persistent:
+            return (
+                f"persistent_workers={c.persistent_workers}: it is {self.persistent} for every"
+                " candidate with workers, as the expected number of epochs decides"
+            )
         if c.pin_memory and not self.cuda:
             return "pin_memory needs CUDA"
         if c.pretransform not in self.pretransforms and c.pretransform != "none":
@@ -161,7 +175,7 @@ class SearchSpace:
             num_workers=workers,
             pin_memory=self.cuda,
             prefetch_factor=2 if workers else None,
-            persistent_workers=bool(workers),
+            persistent_workers=self.persistent and bool(workers),
             torch_threads=self.torch_threads[-1],
         )
 
@@ -177,8 +191,8 @@ class SearchSpace:
                 if workers == 0:
                     yield Candidate(bs, 0, pin, None, False, pt, threads)
                     continue
-                for pf, persist in itertools.product(self.prefetch_factors, (False, True)):
-                    yield Candidate(bs, workers, pin, pf, persist, pt, threads)
+                for pf in self.prefetch_factors:
+                    yield Candidate(bs, workers, pin, pf, self.persistent, pt, threads)
 
     def size(self) -> int:
         return sum(1 for _ in self.grid())
@@ -211,7 +225,7 @@ def resolve_batch_sizes(
             sizes = (max(1, dataset_len or 1),)
         baseline = BASELINE_BATCH_SIZE if BASELINE_BATCH_SIZE in sizes else sizes[0]
         return sizes, baseline
-    values = [batch_size] if isinstance(batch_size, int) else list(batch_size)
+    values = list(batch_size) if isinstance(batch_size, (list, tuple, range)) else [batch_size]
     if not values:
         raise ConfigurationError(
             "batch_size=[] is empty; pass an int to fix the batch size, a list of ints to search"
@@ -245,6 +259,7 @@ def build_space(
     max_workers: int | None = None,
     local_world_size: int = 1,
     excluded: dict[str, str] | None = None,
+    epochs: int = 10,
 ) -> SearchSpace:
     """The space for this machine and the user's fixed choices."""
     sizes, baseline = resolve_batch_sizes(batch_size, dataset_len)
@@ -265,6 +280,7 @@ def build_space(
         cuda=cuda,
         pretransforms=pts or ("none",),
         torch_threads=(None,) if cuda else thread_choices(machine, local_world_size),
+        persistent=epochs > 1,
         baseline_batch_size=baseline,
         excluded=dict(excluded or {}),
     )

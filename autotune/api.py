@@ -1,0 +1,350 @@
+"""``tune_loader`` and ``TuneResult``: the front door, glue only."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from . import pretransform as pt
+from .exceptions import ConfigurationError
+from .machine import detect_machine
+from .measure import MeasureLimits, process_memory, quiet_worker_warning
+from .progress import Progress
+from .space import Candidate, build_space
+from .study import SearchSettings, TrialRecord, run_search
+
+log = logging.getLogger("autotune")
+
+DEFAULT_BUDGET_S = 60.0
+"""A minute: enough for ~25 measured candidates on a small machine, short beside any training run."""
+
+DEFAULT_EPOCHS = 10
+"""Epochs a pre-transform cache and worker start-up are amortised over, when the user does not say."""
+
+MEMORY_BUDGET_FRACTION = 0.5
+"""Share of the RAM available at the start that the workers of one trial may add."""
+
+CACHE_BUDGET_FRACTION = 0.25
+"""Share of available RAM (or accelerator memory) a pre-transform cache may take."""
+
+WINDOW_S_PER_BUDGET_S = 1.0 / 60.0
+"""Each candidate's steady-state window is this share of the budget (1 s for the default minute)."""
+
+MIN_WINDOW_S, MAX_WINDOW_S = 0.25, 2.0
+
+PRETRANSFORM_CHOICES = ("auto", *pt.STRATEGIES)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The best DataLoader configuration found, with the evidence for it.
+
+    ``samples_per_s``, ``busy`` and ``wait_fraction`` are medians over the winner's measurements;
+    ``speedup`` is its throughput over PyTorch's defaults measured in the same run (``None`` when the
+    defaults could not be measured). ``torch_threads`` is the main-process thread count the winner
+    was measured with: apply it with ``torch.set_num_threads`` (``None``: leave it as it is).
+    """
+
+    loader_kwargs: dict[str, Any]
+    pretransform: str = "none"
+    torch_threads: int | None = None
+    samples_per_s: float = 0.0
+    busy: float = 0.0
+    wait_fraction: float = 0.0
+    speedup: float | None = None
+    baseline_samples_per_s: float | None = None
+    baseline_busy: float | None = None
+    baseline_wait_fraction: float | None = None
+    spread: float = 0.0
+    trials: tuple[TrialRecord, ...] = ()
+    device: str = "cpu"
+    epochs: int = DEFAULT_EPOCHS
+    budget_s: float = DEFAULT_BUDGET_S
+    tuning_s: float = 0.0
+    from_cache: bool = False
+    key: str | None = None
+    machine: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+    study_name: str | None = None
+    storage_url: str | None = None
+
+    @property
+    def candidate(self) -> Candidate:
+        kw = self.loader_kwargs
+        return Candidate(
+            batch_size=int(kw["batch_size"]),
+            num_workers=int(kw.get("num_workers", 0)),
+            pin_memory=bool(kw.get("pin_memory", False)),
+            prefetch_factor=kw.get("prefetch_factor"),
+            persistent_workers=bool(kw.get("persistent_workers", False)),
+            pretransform=self.pretransform,
+            torch_threads=self.torch_threads,
+        )
+
+    def make_loader(self, dataset: Any, **overrides: Any) -> DataLoader[Any]:
+        """A real DataLoader with the tuned settings; ``overrides`` win (``shuffle=True`` etc.).
+
+        With a pre-transform, the dataset is wrapped (built once per process, then reused).
+        """
+        prepared = pt.prepare(dataset, self.pretransform, device=torch.device(self.device))
+        kwargs: dict[str, Any] = dict(self.loader_kwargs)
+        if prepared.collate_fn is not None:
+            kwargs["collate_fn"] = prepared.collate_fn
+        kwargs.update(overrides)
+        if self.pretransform == "device" and kwargs.get("num_workers", 0):
+            raise ConfigurationError(
+                f"num_workers={kwargs['num_workers']} cannot be used with pretransform='device':"
+                " worker processes cannot share CUDA tensors; keep num_workers=0."
+            )
+        if kwargs.get("num_workers", 0) == 0:
+            kwargs.pop("prefetch_factor", None)
+            kwargs.pop("persistent_workers", None)
+        with quiet_worker_warning():
+            return DataLoader(prepared.dataset, **kwargs)
+
+    def diagnosis(self) -> str:
+        """One line on the bottleneck, before and after."""
+        if self.baseline_wait_fraction is None:
+            return f"tuned: the step waits for data {self.wait_fraction:.0%} of the time"
+        kind = "data-bound" if self.baseline_wait_fraction > 0.5 else "step-bound"
+        return (
+            f"{kind}: with PyTorch's defaults the step waited {self.baseline_wait_fraction:.0%} of"
+            f" the time; tuned: {self.wait_fraction:.0%}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["trials"] = [t.to_dict() for t in self.trials]
+        return data
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), default=str, **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **changes: Any) -> TuneResult:
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        fields["trials"] = tuple(TrialRecord.from_dict(t) for t in data.get("trials", ()))
+        fields.update(changes)
+        return cls(**fields)
+
+    def table(self) -> str:
+        """The trial table as text (see :mod:`autotune.report`)."""
+        from .report import trial_table
+
+        return trial_table(self)
+
+    def plot(self, path: str) -> str:
+        """Throughput against workers and busy fraction, saved to ``path`` (needs matplotlib)."""
+        from .report import plot
+
+        return plot(self, path)
+
+
+def _dataset_len(dataset: Any) -> int | None:
+    """``len(dataset)`` checked, or ``None`` for an iterable dataset without one."""
+    if isinstance(dataset, IterableDataset):
+        try:
+            return len(dataset)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+    if not hasattr(dataset, "__getitem__"):
+        if hasattr(dataset, "__iter__"):
+            raise ConfigurationError(
+                f"dataset of type {type(dataset).__name__} is iterable but not a"
+                " torch.utils.data.IterableDataset; wrap it in an IterableDataset subclass, or"
+                " give it __getitem__ and __len__."
+            )
+        raise ConfigurationError(
+            f"dataset of type {type(dataset).__name__} is not a dataset: it needs __getitem__"
+            " and __len__ (a map-style torch.utils.data.Dataset) or to be an IterableDataset."
+        )
+    try:
+        n = len(dataset)
+    except TypeError as err:
+        raise ConfigurationError(
+            f"dataset of type {type(dataset).__name__} has __getitem__ but no __len__; add"
+            " __len__, or make it an IterableDataset."
+        ) from err
+    if n == 0:
+        raise ConfigurationError(
+            f"dataset of type {type(dataset).__name__} is empty (len 0); there is nothing to load."
+        )
+    return n
+
+
+def _check_number(name: str, value: Any, *, minimum: float, fix: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigurationError(f"{name}={value!r} is not a finite number; {fix}")
+    if value < minimum or (minimum == 0 and value <= 0):
+        rule = "> 0" if minimum == 0 else f">= {minimum:g}"
+        raise ConfigurationError(f"{name}={value!r} must be {rule}; {fix}")
+    return float(value)
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ConfigurationError(
+            f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'."
+        ) from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigurationError(
+            f"device={device!r} but CUDA is not available on this machine; use device='cpu'."
+        )
+    return dev
+
+
+def _resolve_pretransforms(pretransform: str | Sequence[str]) -> tuple[str, ...]:
+    names = [pretransform] if isinstance(pretransform, str) else list(pretransform)
+    for name in names:
+        if name not in PRETRANSFORM_CHOICES:
+            raise ConfigurationError(
+                f"pretransform={name!r} is not a pre-transform strategy; use one of"
+                f" {PRETRANSFORM_CHOICES} ('auto' searches every strategy that applies)."
+            )
+    if "auto" in names:
+        return pt.STRATEGIES
+    return tuple(dict.fromkeys(names))
+
+
+def tune_loader(
+    dataset: Any,
+    step: Callable[[Any], Any] | None = None,
+    *,
+    batch_size: int | Sequence[int] | None = None,
+    budget_s: float = DEFAULT_BUDGET_S,
+    device: str | torch.device | None = None,
+    cache: bool = True,
+    cache_dir: str | None = None,
+    storage: str | None = None,
+    retune: bool = False,
+    epochs: int = DEFAULT_EPOCHS,
+    pretransform: str | Sequence[str] = "auto",
+    max_workers: int | None = None,
+    memory_budget_bytes: int | None = None,
+    shuffle: bool = True,
+    collate_fn: Callable[[Any], Any] | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> TuneResult:
+    """Find the fastest DataLoader settings for ``dataset`` (and ``step``) on this machine.
+
+    Args:
+        dataset: a map-style dataset (``__getitem__`` + ``__len__``) or an ``IterableDataset``.
+        step: called with every batch, already moved to ``device``: your training step. ``None``
+            measures loading alone.
+        batch_size: an int fixes it (batch size changes training, so it is only searched when
+            asked); a list searches among those; ``None`` searches ``space.DEFAULT_BATCH_SIZES``.
+        budget_s: wall-clock seconds for the whole call, respected within 10 %.
+        device: where batches go before the step; ``None``: CUDA when available, else CPU.
+        cache: return a stored profile for the same machine and workload without measuring, and
+            store the new best otherwise. ``retune=True`` measures and overwrites.
+        cache_dir: the profile folder (default: ``AUTOTUNE_CACHE_DIR``, else the user cache dir).
+        storage: an Optuna RDB storage URL (e.g. ``postgresql://...``) for shared profiles.
+        epochs: the expected training length, over which start-up and pre-transform builds are
+            amortised in the score.
+        pretransform: ``"auto"`` (every strategy that applies), one name, or a list of names.
+        max_workers: an upper bound on ``num_workers`` below the machine-derived one.
+        memory_budget_bytes: ceiling on the memory of this process plus its workers during a trial
+            (default: what it uses now plus half the available RAM).
+        shuffle, collate_fn: as for the DataLoader you will build.
+        seed: seeds the sampler and the shuffling, so a search can be repeated.
+        progress: show a progress line on stderr.
+    """
+    started = time.perf_counter()
+    n = _dataset_len(dataset)
+    budget = _check_number("budget_s", budget_s, minimum=0,
+                           fix="give the tuning a positive number of seconds, e.g. budget_s=60.")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ConfigurationError(
+            f"epochs={epochs!r} must be a positive integer: the number of epochs you will train."
+        )
+    dev = _resolve_device(device)
+    strategies = _resolve_pretransforms(pretransform)
+    machine = detect_machine()
+    iterable = isinstance(dataset, IterableDataset)
+
+    cuda_data = not iterable and pt.holds_cuda_tensors(dataset)
+    excluded: dict[str, str] = {}
+    if cuda_data:
+        max_workers = 0
+        excluded["num_workers>0"] = (
+            "the dataset already holds CUDA tensors, which worker processes cannot share"
+            " (_share_filename_: only available on CPU); only num_workers=0 is searched"
+        )
+        log.info("autotune: %s", excluded["num_workers>0"])
+
+    avail = psutil.virtual_memory().available
+    reasons = pt.strategies(
+        dataset,
+        cuda=dev.type == "cuda",
+        memory_budget_bytes=int(CACHE_BUDGET_FRACTION * avail),
+        device_memory_budget_bytes=(
+            int(CACHE_BUDGET_FRACTION * machine.accelerator_memory_bytes)
+            if machine.accelerator_memory_bytes else None
+        ),
+    )
+    usable = tuple(s for s in strategies if reasons.get(s, "unknown strategy") is None) or ("none",)
+    refused = {s: r for s in strategies if (r := reasons.get(s)) is not None}
+    if dev.type != "cuda":
+        refused.pop("device", None)  # not a refusal: the strategy does not exist without CUDA
+    space = build_space(
+        machine, batch_size=batch_size, dataset_len=n, cuda=dev.type == "cuda",
+        pretransforms=usable, max_workers=max_workers, excluded=excluded, epochs=epochs,
+    )
+
+    window = min(MAX_WINDOW_S, max(MIN_WINDOW_S, budget * WINDOW_S_PER_BUDGET_S))
+    if memory_budget_bytes is None:
+        memory_limit = process_memory() + int(MEMORY_BUDGET_FRACTION * avail)
+    else:
+        memory_limit = int(_check_number(
+            "memory_budget_bytes", memory_budget_bytes, minimum=0,
+            fix="give a positive number of bytes, or None for half the available RAM."))
+    limits = MeasureLimits(window_s=window, memory_limit_bytes=memory_limit,
+                           trial_timeout_s=max(budget, 1.0))
+    settings = SearchSettings(
+        budget_s=budget, epochs=epochs, dataset_len=n, device=dev, limits=limits, seed=seed,
+        shuffle=shuffle and not iterable, collate_fn=collate_fn, usable_cpus=machine.usable_cpus,
+        refused=refused,
+    )
+    bar = Progress(budget, enabled=progress)
+    try:
+        outcome = run_search(dataset, step, space, settings, progress=bar)
+    finally:
+        bar.close()
+    best, base = outcome.best, outcome.baseline
+    result = TuneResult(
+        loader_kwargs=best.candidate.loader_kwargs(),
+        pretransform=best.candidate.pretransform,
+        torch_threads=best.candidate.torch_threads,
+        samples_per_s=best.samples_per_s,
+        busy=best.busy,
+        wait_fraction=best.wait_fraction,
+        speedup=outcome.speedup,
+        baseline_samples_per_s=base.samples_per_s if base else None,
+        baseline_busy=base.busy if base else None,
+        baseline_wait_fraction=base.wait_fraction if base else None,
+        spread=best.spread,
+        trials=outcome.trials,
+        device=str(dev),
+        epochs=epochs,
+        budget_s=budget,
+        tuning_s=time.perf_counter() - started,
+        machine=machine.fingerprint(),
+        study_name=outcome.study_name,
+    )
+    log.info("autotune: best %s at %.0f samples/s (%.2fx the defaults)",
+             best.candidate.label(), best.samples_per_s, outcome.speedup or float("nan"))
+    return result

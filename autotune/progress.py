@@ -1,0 +1,59 @@
+"""The progress display on stderr while tuning: trials done, best so far, time left."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+BAR_WIDTH = 24
+
+
+class Progress:
+    """One status line, redrawn in place on a terminal, one line per trial elsewhere (logs, CI)."""
+
+    def __init__(self, budget_s: float, *, enabled: bool = True, stream: TextIO | None = None):
+        self.budget_s = budget_s
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.started = time.monotonic()
+        self.trials = 0
+        self.failed = 0
+        self.best: float | None = None
+        self._drawn = False
+
+    def update(self, *, label: str, state: str, samples_per_s: float | None, best: float | None,
+               phase: str = "search") -> None:
+        self.trials += 1
+        if state != "complete":
+            self.failed += 1
+        self.best = best
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.started
+        frac = min(1.0, elapsed / self.budget_s) if self.budget_s > 0 else 1.0
+        filled = int(round(frac * BAR_WIDTH))
+        bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+        left = max(0.0, self.budget_s - elapsed)
+        best_txt = f"{best:,.0f} samples/s" if best else "-"
+        this = f"{samples_per_s:,.0f}/s" if samples_per_s is not None else state
+        line = (
+            f"autotune [{bar}] {self.trials} trials ({self.failed} failed)  best {best_txt}"
+            f"  {left:4.0f}s left  {phase}: {label} -> {this}"
+        )
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+            self._drawn = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self, message: str | None = None) -> None:
+        if not self.enabled:
+            return
+        if self._drawn:
+            self.stream.write("\n")
+        if message:
+            self.stream.write(message + "\n")
+        self.stream.flush()

@@ -1,0 +1,468 @@
+"""The search: an Optuna study over the space, the only module that imports Optuna.
+
+# NOTE [ Search ]
+# 1. PyTorch's defaults (the baseline) are measured first, so every later figure has a reference from
+#    the same run. Strategies the pre-transform module refused are recorded as infeasible trials.
+# 2. An Optuna study (TPE, seeded) proposes candidates, warm-started with points that span the worker
+#    range: the cores-based rule of thumb, one worker per core, and the worker bound. Each candidate is
+#    measured for real; a failing candidate becomes a failed trial with its reason and the search goes
+#    on. A candidate whose running throughput falls below PRUNE_RATIO of the best so far is pruned.
+#    An out-of-memory error at a batch size makes that batch size and larger ones infeasible.
+# 3. The last FINAL_FRACTION of the budget re-measures the finalists (the best few, plus the baseline)
+#    in interleaved rounds; each one's figures are the medians over its measurements, the winner has the
+#    best median score, and among candidates within TIE_TOLERANCE of it the one with fewer workers and
+#    less memory wins. The speed-up is the winner's median throughput over the baseline's, both taken
+#    from the same rounds.
+#
+# NOTE [ Score ]
+# A candidate's score is the throughput of a whole training run of `epochs` epochs over N samples:
+#     score = epochs * N / (build_s + startup_s * (1 if persistent_workers else epochs)
+#                           + epochs * N / samples_per_s)
+# so a pre-transform cache pays its build once, workers that are not persistent pay their start-up
+# every epoch, and with batch sizes that differ the comparison is per sample, never per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import optuna
+import torch
+
+from .exceptions import CandidateError, TrialPruned, TuningFailed
+from .measure import MeasureLimits, Measurement, measure
+from .progress import Progress
+from .space import Candidate, SearchSpace
+
+log = logging.getLogger(__name__)
+
+FINAL_FRACTION = 0.25
+"""Share of the budget kept for re-measuring the finalists side by side."""
+
+FINALISTS = 3
+"""How many of the best candidates are re-measured (the baseline always is, too)."""
+
+MAX_FINAL_ROUNDS = 5
+"""Re-measurement rounds at most; more only narrows an already small spread."""
+
+PRUNE_RATIO = 0.5
+"""A candidate running below this fraction of the best throughput so far is stopped early."""
+
+TIE_TOLERANCE = 0.03
+"""Scores within 3 % are a tie on a shared machine; the cheaper candidate (fewer workers) wins."""
+
+MAX_IDLE_PROPOSALS = 40
+"""Consecutive proposals that were duplicates or infeasible after which the space counts as explored."""
+
+_OOM_MARKERS = ("out of memory", "CUDA error: out of memory", "DefaultCPUAllocator: can't allocate")
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One candidate tried: its configuration and either its measurement or why it has none."""
+
+    number: int
+    phase: str  # "baseline" | "search" | "final"
+    candidate: Candidate
+    state: str  # "complete" | "failed" | "pruned" | "infeasible"
+    measurement: Measurement | None = None
+    score: float | None = None
+    reason: str | None = None
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["candidate"] = self.candidate.to_dict()
+        data["measurement"] = self.measurement.to_dict() if self.measurement else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
+        m = data.get("measurement")
+        return cls(
+            number=int(data["number"]),
+            phase=str(data["phase"]),
+            candidate=Candidate.from_dict(data["candidate"]),
+            state=str(data["state"]),
+            measurement=Measurement.from_dict(m) if m else None,
+            score=data.get("score"),
+            reason=data.get("reason"),
+            duration_s=float(data.get("duration_s", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Median figures of one candidate over its measurements."""
+
+    candidate: Candidate
+    samples_per_s: float
+    busy: float
+    wait_fraction: float
+    score: float
+    spread: float
+    peak_memory_bytes: int
+    n: int
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Everything the search needs besides the dataset, the step and the space."""
+
+    budget_s: float
+    epochs: int
+    dataset_len: int | None
+    device: torch.device
+    limits: MeasureLimits = field(default_factory=MeasureLimits)
+    seed: int = 0
+    shuffle: bool = True
+    collate_fn: Callable[[Any], Any] | None = None
+    usable_cpus: int = 1
+    storage_url: str | None = None
+    study_name: str | None = None
+    refused: dict[str, str] = field(default_factory=dict)
+    """Pre-transform strategies refused for this dataset, with the reason (recorded as trials)."""
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    best: Summary
+    baseline: Summary | None
+    speedup: float | None
+    trials: tuple[TrialRecord, ...]
+    elapsed_s: float
+    study_name: str | None
+
+
+def score(m: Measurement, c: Candidate, dataset_len: int | None, epochs: int) -> float:
+    """See NOTE [ Score ]."""
+    if m.samples_per_s <= 0:
+        return 0.0
+    if dataset_len is None:
+        return m.samples_per_s
+    startups = 1 if (c.persistent_workers and c.num_workers > 0) else epochs
+    total = m.build_s + m.startup_s * startups + epochs * dataset_len / m.samples_per_s
+    return epochs * dataset_len / total
+
+
+def _is_oom(err: BaseException) -> bool:
+    if isinstance(err, MemoryError) and not isinstance(err, CandidateError):
+        return True
+    oom_type = getattr(torch, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(err, oom_type):
+        return True
+    return isinstance(err, RuntimeError) and any(s in str(err) for s in _OOM_MARKERS)
+
+
+def describe_error(err: BaseException) -> str:
+    """``Type: message`` on one line; for an error re-raised from a worker, the original's last line."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    if len(lines) > 1 and "worker process" in lines[0]:
+        return f"{type(err).__name__} in a worker: {lines[-1][:300]}"
+    return f"{type(err).__name__}: {(lines or [''])[0][:300]}"
+
+
+def params_of(c: Candidate, space: SearchSpace) -> dict[str, Any]:
+    """The Optuna parameters that ``suggest`` would draw to produce ``c`` (for warm starts)."""
+    params: dict[str, Any] = {}
+    if len(space.batch_sizes) > 1:
+        params["batch_size"] = c.batch_size
+    if len(space.pretransforms) > 1:
+        params["pretransform"] = c.pretransform
+    if c.pretransform != "device" and space.max_workers > 0:
+        params["num_workers"] = c.num_workers
+    if c.num_workers > 0:
+        params["prefetch_factor"] = c.prefetch_factor
+    if space.cuda and c.pretransform != "device":
+        params["pin_memory"] = c.pin_memory
+    if len(space.torch_threads) > 1:
+        params["torch_threads"] = c.torch_threads
+    return params
+
+
+def suggest(trial: optuna.Trial, space: SearchSpace) -> Candidate:
+    """Draw a candidate; the conditional structure keeps every draw feasible by construction."""
+    bs = (
+        trial.suggest_categorical("batch_size", list(space.batch_sizes))
+        if len(space.batch_sizes) > 1
+        else space.batch_sizes[0]
+    )
+    pt = (
+        trial.suggest_categorical("pretransform", list(space.pretransforms))
+        if len(space.pretransforms) > 1
+        else space.pretransforms[0]
+    )
+    workers = 0
+    if pt != "device" and space.max_workers > 0:
+        workers = trial.suggest_int("num_workers", 0, space.max_workers)
+    prefetch: int | None = None
+    persistent = False
+    if workers > 0:
+        prefetch = trial.suggest_categorical("prefetch_factor", list(space.prefetch_factors))
+        persistent = space.persistent
+    pin = False
+    if space.cuda and pt != "device":
+        pin = trial.suggest_categorical("pin_memory", [False, True])
+    threads = space.torch_threads[0]
+    if len(space.torch_threads) > 1:
+        threads = int(trial.suggest_categorical("torch_threads", [int(t or 0) for t in space.torch_threads]))
+    return Candidate(bs, workers, pin, prefetch, persistent, pt, threads)
+
+
+def warm_starts(space: SearchSpace, usable_cpus: int) -> list[Candidate]:
+    """Points that span the worker range, so the sampler starts from informed corners."""
+    heuristic = space.heuristic(usable_cpus)
+    points = [heuristic]
+    for workers in (min(usable_cpus, space.max_workers), space.max_workers):
+        if workers > 0:
+            points.append(replace(heuristic, num_workers=workers, prefetch_factor=2,
+                                  persistent_workers=space.persistent))
+    for strategy in ("ram", "device"):
+        if strategy in space.pretransforms:
+            workers = 0 if strategy == "device" else heuristic.num_workers
+            points.append(replace(
+                heuristic, pretransform=strategy, num_workers=workers,
+                prefetch_factor=2 if workers else None,
+                persistent_workers=space.persistent and bool(workers),
+                pin_memory=heuristic.pin_memory and strategy != "device",
+            ))
+    unique: list[Candidate] = []
+    for p in points:
+        if p not in unique and space.check(p) is None:
+            unique.append(p)
+    return unique
+
+
+@contextlib.contextmanager
+def _quiet_optuna() -> Iterator[None]:
+    """Optuna logs every trial at INFO on its own handler; the progress display says it better."""
+    logger = logging.getLogger("optuna")
+    old = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+class _Search:
+    """One search run: the state shared by the phases of NOTE [ Search ]."""
+
+    def __init__(self, dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpace,
+                 settings: SearchSettings, progress: Progress) -> None:
+        self.dataset = dataset
+        self.step = step
+        self.space = space
+        self.s = settings
+        self.progress = progress
+        self.started = time.monotonic()
+        self.deadline = self.started + settings.budget_s
+        self.records: list[TrialRecord] = []
+        self.by_candidate: dict[Candidate, list[TrialRecord]] = {}
+        self.user_errors: list[tuple[BaseException, Candidate]] = []
+        self.oom_batch: int | None = None
+        self.best_sps = 0.0
+        self.best_score = 0.0
+
+    # -- measuring ---------------------------------------------------------------------------------
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def expected_trial_s(self) -> float:
+        done = [r.duration_s for r in self.records if r.state == "complete"]
+        if done:
+            return statistics.median(done)
+        return 2.0 * self.s.limits.window_s + 1.0
+
+    def record(self, c: Candidate, phase: str, state: str, *, m: Measurement | None = None,
+               reason: str | None = None, duration_s: float = 0.0) -> TrialRecord:
+        sc = score(m, c, self.s.dataset_len, self.s.epochs) if m is not None else None
+        rec = TrialRecord(len(self.records), phase, c, state, m, sc, reason, duration_s)
+        self.records.append(rec)
+        if m is not None and sc is not None:
+            self.by_candidate.setdefault(c, []).append(rec)
+            self.best_sps = max(self.best_sps, m.samples_per_s)
+            self.best_score = max(self.best_score, sc)
+        self.progress.update(label=c.label(), state=state,
+                             samples_per_s=m.samples_per_s if m else None,
+                             best=self.best_score or None, phase=phase)
+        if state != "complete":
+            log.info("%s trial %s: %s (%s)", phase, c.label(), state, reason)
+        return rec
+
+    def run(self, c: Candidate, phase: str,
+            report: Callable[[int, float], None] | None = None) -> TrialRecord:
+        reason = self.space.check(c)
+        if reason is not None:
+            return self.record(c, phase, "infeasible", reason=reason)
+        if self.oom_batch is not None and c.batch_size >= self.oom_batch:
+            return self.record(c, phase, "infeasible", reason=(
+                f"batch_size={c.batch_size} >= {self.oom_batch}, which ran out of memory"))
+        cap = max(1.0, min(self.s.limits.trial_timeout_s, self.left()))
+        limits = replace(self.s.limits, trial_timeout_s=cap)
+
+        def on_progress(batches: int, sps: float) -> bool:
+            if report is not None:
+                report(batches, sps)
+            return phase == "search" and self.best_sps > 0 and sps < PRUNE_RATIO * self.best_sps
+
+        t0 = time.monotonic()
+        try:
+            m = measure(self.dataset, c, step=self.step, device=self.s.device, limits=limits,
+                        progress=on_progress, shuffle=self.s.shuffle,
+                        collate_fn=self.s.collate_fn, seed=self.s.seed)
+        except TrialPruned as err:
+            return self.record(c, phase, "pruned", reason=str(err),
+                               duration_s=time.monotonic() - t0)
+        except CandidateError as err:
+            return self.record(c, phase, "failed", reason=f"{type(err).__name__}: {err}",
+                               duration_s=time.monotonic() - t0)
+        except Exception as err:  # the user's dataset or step: kept, re-raised if nothing works
+            self.user_errors.append((err, c))
+            if _is_oom(err):
+                self.oom_batch = min(self.oom_batch or c.batch_size, c.batch_size)
+            return self.record(c, phase, "failed", reason=describe_error(err),
+                               duration_s=time.monotonic() - t0)
+        return self.record(c, phase, "complete", m=m, duration_s=time.monotonic() - t0)
+
+    # -- phases ------------------------------------------------------------------------------------
+
+    def search(self) -> None:
+        baseline = self.space.baseline()
+        self.run(baseline, "baseline")
+        for strategy, why in self.s.refused.items():
+            c = replace(baseline, pretransform=strategy)
+            self.record(c, "search", "infeasible", reason=f"pretransform={strategy!r}: {why}")
+
+        final_reserve = FINAL_FRACTION * self.s.budget_s
+        sampler = optuna.samplers.TPESampler(seed=self.s.seed, n_startup_trials=6)
+        with _quiet_optuna():
+            study = optuna.create_study(
+                direction="maximize", sampler=sampler, storage=self.s.storage_url,
+                study_name=self.s.study_name, load_if_exists=False,
+            )
+            study.set_user_attr("space", _jsonable(self.space.to_dict()))
+            for c in warm_starts(self.space, self.s.usable_cpus):
+                study.enqueue_trial(params_of(c, self.space), skip_if_exists=True)
+            idle = 0
+            while idle < MAX_IDLE_PROPOSALS and self.left() - final_reserve > self.expected_trial_s():
+                trial = study.ask()
+                c = suggest(trial, self.space)
+                trial.set_user_attr("candidate", c.label())
+                seen = self.by_candidate.get(c)
+                if seen:
+                    # A repeat adds nothing to the search; its measurement counts again for TPE.
+                    study.tell(trial, seen[-1].score)
+                    idle += 1
+                    continue
+
+                def report(batches: int, sps: float, _t: optuna.Trial = trial) -> None:
+                    _t.report(sps, batches)
+
+                rec = self.run(c, "search", report)
+                trial.set_user_attr("state", rec.state)
+                if rec.reason:
+                    trial.set_user_attr("reason", rec.reason)
+                if rec.state == "complete":
+                    assert rec.measurement is not None and rec.score is not None
+                    trial.set_user_attr("measurement", rec.measurement.to_dict())
+                    study.tell(trial, rec.score)
+                    idle = 0
+                elif rec.state == "pruned":
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                    idle = 0
+                else:
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    idle = idle + 1 if rec.state == "infeasible" else 0
+
+    def summarize(self, c: Candidate) -> Summary:
+        recs = self.by_candidate[c]
+        ms = [r.measurement for r in recs if r.measurement is not None]
+        sps = [m.samples_per_s for m in ms]
+        med = statistics.median(sps)
+        return Summary(
+            candidate=c,
+            samples_per_s=med,
+            busy=statistics.median(m.busy for m in ms),
+            wait_fraction=statistics.median(m.wait_fraction for m in ms),
+            score=statistics.median(r.score for r in recs if r.score is not None),
+            spread=(max(sps) - min(sps)) / med if med > 0 else 0.0,
+            peak_memory_bytes=max(m.peak_memory_bytes for m in ms),
+            n=len(ms),
+        )
+
+    def finalize(self) -> SearchOutcome:
+        baseline = self.space.baseline()
+        ranked = sorted(self.by_candidate, key=lambda c: -self.summarize(c).score)
+        finalists = [c for c in ranked if c != baseline][:FINALISTS]
+        if baseline in self.by_candidate:
+            finalists.append(baseline)
+        if len(finalists) > 1:
+            # Interleaved rounds, each in a rotated order; the best-ranked go first in round one,
+            # so a budget that allows only part of a round still re-measures the leader and baseline.
+            cost = {c: statistics.median(r.duration_s for r in self.by_candidate[c]) for c in finalists}
+            first = [finalists[0], *([baseline] if baseline in cost else []), *finalists[1:]]
+            first = list(dict.fromkeys(first))
+            for r in range(MAX_FINAL_ROUNDS):
+                order = first[r % len(first):] + first[:r % len(first)]
+                if r and self.left() < sum(cost.values()):
+                    break
+                for c in order:
+                    if self.left() < cost[c]:
+                        break
+                    self.run(c, "final")
+        summaries = [self.summarize(c) for c in finalists]
+        top = max(s.score for s in summaries)
+        tied = [s for s in summaries if s.score >= (1.0 - TIE_TOLERANCE) * top]
+        best = min(tied, key=lambda s: (s.candidate.num_workers, s.peak_memory_bytes, -s.score))
+        base = self.summarize(baseline) if baseline in self.by_candidate else None
+        speedup = (best.samples_per_s / base.samples_per_s) if base and base.samples_per_s else None
+        return SearchOutcome(best, base, speedup, tuple(self.records),
+                             time.monotonic() - self.started, self.s.study_name)
+
+    def fail(self) -> BaseException:
+        """The error to raise when nothing completed: the user's own, else a summary."""
+        complete = any(r.state == "complete" for r in self.records)
+        assert not complete
+        if self.user_errors:
+            err, c = self.user_errors[0]
+            tried = sum(1 for r in self.records if r.state in ("failed", "pruned", "complete"))
+            err.add_note(
+                f"autotune: raised under candidate {c.label()}; every one of the {tried}"
+                " candidates tried failed, so this is most likely a bug in the dataset or step."
+            )
+            return err
+        reasons = sorted({r.reason or r.state for r in self.records})
+        return TuningFailed(
+            f"no candidate could be measured within budget_s={self.s.budget_s:g}; reasons: "
+            + "; ".join(reasons[:5])
+            + ". Raise budget_s, or check the dataset with a plain DataLoader first."
+        )
+
+
+def run_search(dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpace,
+               settings: SearchSettings, *, progress: Progress | None = None) -> SearchOutcome:
+    """Search ``space`` for the best candidate (see NOTE [ Search ])."""
+    search = _Search(dataset, step, space, settings, progress or Progress(0, enabled=False))
+    search.search()
+    if not search.by_candidate:
+        raise search.fail()
+    return search.finalize()
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

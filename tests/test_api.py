@@ -1,0 +1,146 @@
+"""tune_loader end to end: real studies, real loaders, real worker processes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from autotune import ConfigurationError, TuneResult, tune_loader
+
+BUDGET = 6.0
+QUICK = {"progress": False, "cache": False, "pretransform": "none"}
+
+
+class Remote(Dataset):
+    """Simulated remote storage: every sample waits 3 ms."""
+
+    def __init__(self, n: int = 2048) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(0.003)
+        return torch.full((8,), float(i)), i % 10
+
+
+class FailsWithManyWorkers(Remote):
+    """Breaks in any loader with more than two workers: a candidate-specific failure."""
+
+    def __getitem__(self, i: int):
+        info = get_worker_info()
+        if info is not None and info.num_workers > 2:
+            raise RuntimeError("too many readers for this storage")
+        return super().__getitem__(i)
+
+
+def test_tuning_finds_workers_for_a_latency_bound_dataset(no_leaked_children) -> None:
+    result = tune_loader(Remote(), batch_size=32, budget_s=BUDGET, **QUICK)
+    assert isinstance(result, TuneResult)
+    assert result.loader_kwargs["batch_size"] == 32
+    # A sleeping worker uses no CPU: one worker alone doubles nothing, several overlap their waits.
+    assert result.loader_kwargs["num_workers"] >= 2
+    assert result.speedup is not None and result.speedup > 1.5
+    assert result.samples_per_s > result.baseline_samples_per_s
+    phases = {t.phase for t in result.trials}
+    assert {"baseline", "search", "final"} <= phases
+
+
+def test_the_budget_is_respected(no_leaked_children) -> None:
+    t0 = time.monotonic()
+    result = tune_loader(Remote(), batch_size=16, budget_s=BUDGET, **QUICK)
+    elapsed = time.monotonic() - t0
+    assert elapsed <= BUDGET * 1.1, elapsed
+    assert result.tuning_s <= BUDGET * 1.1
+
+
+def test_a_failing_candidate_is_a_failed_trial_and_the_search_goes_on(no_leaked_children) -> None:
+    result = tune_loader(FailsWithManyWorkers(), batch_size=16, budget_s=BUDGET, seed=3, **QUICK)
+    failed = [t for t in result.trials if t.state == "failed"]
+    assert failed, "the warm start with the worker bound must have failed"
+    assert all("too many readers" in (t.reason or "") for t in failed)
+    assert all(t.candidate.num_workers > 2 for t in failed)
+    assert result.loader_kwargs["num_workers"] <= 2
+
+
+def test_the_users_step_error_is_raised_when_every_candidate_fails(no_leaked_children) -> None:
+    class StepBug(ValueError):
+        pass
+
+    def step(batch):
+        raise StepBug("shape mismatch in my model")
+
+    with pytest.raises(StepBug, match="shape mismatch in my model") as info:
+        tune_loader(Remote(256), step, batch_size=8, budget_s=4, **QUICK)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "raised under candidate bs=8" in notes
+
+
+def test_the_result_builds_a_real_loader_and_round_trips_through_json() -> None:
+    data = Remote(128)
+    result = tune_loader(data, batch_size=16, budget_s=4, max_workers=2, **QUICK)
+    loader = result.make_loader(data, shuffle=True)
+    assert isinstance(loader, DataLoader)
+    assert loader.batch_size == 16 and loader.num_workers == result.loader_kwargs["num_workers"]
+    x, y = next(iter(loader))
+    assert x.shape == (16, 8)
+    again = TuneResult.from_dict(json.loads(result.to_json()))
+    assert again.loader_kwargs == result.loader_kwargs
+    assert [t.candidate for t in again.trials] == [t.candidate for t in result.trials]
+    assert again.trials[0].measurement == result.trials[0].measurement
+
+
+def test_progress_goes_to_stderr(capsys) -> None:
+    tune_loader(Remote(128), batch_size=16, budget_s=3, cache=False, max_workers=1, pretransform="none")
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "autotune [" in captured.err and "trials" in captured.err
+
+
+class NotADataset:
+    pass
+
+
+class Unsized(Dataset):
+    def __getitem__(self, i):
+        return i
+
+
+class Empty(Dataset):
+    def __len__(self):
+        return 0
+
+    def __getitem__(self, i):
+        raise IndexError(i)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "kwargs", "match"),
+    [
+        (NotADataset(), {}, r"is not a dataset: it needs __getitem__ and __len__"),
+        (iter([1, 2]), {}, r"is iterable but not a torch.utils.data.IterableDataset"),
+        (Unsized(), {}, r"has __getitem__ but no __len__"),
+        (Empty(), {}, r"is empty \(len 0\)"),
+        (Remote(64), {"budget_s": 0}, r"budget_s=0 must be > 0"),
+        (Remote(64), {"budget_s": float("nan")}, r"budget_s=nan is not a finite number"),
+        (Remote(64), {"batch_size": 65}, r"batch_size=65 is larger than the dataset \(64 samples\)"),
+        (Remote(64), {"batch_size": 0}, r"batch_size=0 is not a positive integer"),
+        (Remote(64), {"pretransform": "gpu"}, r"pretransform='gpu' is not a pre-transform strategy"),
+        (Remote(64), {"epochs": 0}, r"epochs=0 must be a positive integer"),
+        (Remote(64), {"device": "tpu:x"}, r"device='tpu:x' is not a torch device"),
+    ],
+)
+def test_bad_input_is_a_clear_error(dataset, kwargs, match) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        tune_loader(dataset, progress=False, cache=False, **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_asking_for_cuda_without_it_is_a_clear_error() -> None:
+    with pytest.raises(ConfigurationError, match=r"CUDA is not available on this machine"):
+        tune_loader(Remote(64), device="cuda", **QUICK)

@@ -1,0 +1,128 @@
+"""One candidate, measured for real: figures, guards, clean shut-down."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from autotune.exceptions import MemoryLimitExceeded, TrialTimeout, WorkerFailed
+from autotune.measure import MeasureLimits, batch_length, measure, process_memory, to_device
+from autotune.space import Candidate
+
+FAST = MeasureLimits(window_s=0.2, min_batches=3, batch_timeout_s=10, trial_timeout_s=30)
+
+
+class Sleepy(Dataset):
+    """Each sample waits like a read from remote storage."""
+
+    def __init__(self, n: int = 512, delay_s: float = 0.002) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay_s)
+        return torch.full((4,), float(i)), i % 3
+
+
+class HangsInWorkers(Sleepy):
+    def __getitem__(self, i: int):
+        if get_worker_info() is not None and i % 7 == 3:
+            time.sleep(3600)
+        return super().__getitem__(i)
+
+
+class ExitsInWorkers(Sleepy):
+    def __getitem__(self, i: int):
+        if get_worker_info() is not None:
+            import os
+
+            os._exit(3)
+        return super().__getitem__(i)
+
+
+class Hog(Sleepy):
+    """Allocates and keeps 8 MiB per sample in whichever process loads it."""
+
+    def __init__(self) -> None:
+        super().__init__(n=10_000, delay_s=0.0)
+        self.kept: list[torch.Tensor] = []
+
+    def __getitem__(self, i: int):
+        self.kept.append(torch.ones(2**21))
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_measurement_reports_the_window(workers: int, no_leaked_children) -> None:
+    c = Candidate(16, workers, False, 2 if workers else None, bool(workers))
+    m = measure(Sleepy(), c, limits=FAST)
+    assert m.batches >= FAST.min_batches
+    assert m.samples == pytest.approx(m.batches * 16, abs=16)
+    assert m.samples_per_s == pytest.approx(m.samples / m.window_s)
+    assert 0.0 <= m.busy <= 1.0 and 0.0 <= m.wait_fraction <= 1.0
+    # Without a step the consumer only waits: nearly all the window is waiting.
+    assert m.wait_fraction > 0.5
+    assert m.startup_s > 0 and m.peak_memory_bytes > 0
+
+
+def test_busy_counts_the_step() -> None:
+    def step(batch):
+        time.sleep(0.01)
+
+    m = measure(Sleepy(delay_s=0.0), Candidate(8), step=step, limits=FAST)
+    # The step sleeps 10 ms per batch and loading is nearly free: the step dominates the window.
+    assert m.busy > 0.6
+    assert m.step_ms >= 9.0
+
+
+def test_the_users_step_error_propagates_unchanged(no_leaked_children) -> None:
+    class Boom(Exception):
+        pass
+
+    def step(batch):
+        raise Boom("bad step")
+
+    with pytest.raises(Boom, match="bad step"):
+        measure(Sleepy(), Candidate(8, 2, False, 2, False), step=step, limits=FAST)
+
+
+def test_a_hanging_worker_is_a_timeout_and_leaves_no_process(no_leaked_children) -> None:
+    limits = MeasureLimits(window_s=0.5, min_batches=3, batch_timeout_s=1.5, trial_timeout_s=20)
+    t0 = time.monotonic()
+    with pytest.raises(TrialTimeout):
+        measure(HangsInWorkers(), Candidate(4, 2, False, 2, False), limits=limits)
+    assert time.monotonic() - t0 < 15
+
+
+def test_a_worker_that_exits_fails_the_candidate(no_leaked_children) -> None:
+    with pytest.raises(WorkerFailed, match="DataLoader worker"):
+        measure(ExitsInWorkers(), Candidate(4, 2, False, 2, False), limits=FAST)
+
+
+def test_the_memory_guard_stops_a_growing_process(no_leaked_children) -> None:
+    limit = process_memory() + 200 * 2**20
+    limits = MeasureLimits(window_s=30, min_batches=3, max_batches=10_000, memory_limit_bytes=limit)
+    with pytest.raises(MemoryLimitExceeded, match="over the memory budget"):
+        measure(Hog(), Candidate(4), limits=limits)
+
+
+def test_torch_threads_are_restored() -> None:
+    before = torch.get_num_threads()
+    seen = []
+    measure(Sleepy(delay_s=0), Candidate(8, torch_threads=1), step=lambda b: seen.append(
+        torch.get_num_threads()), limits=FAST)
+    assert set(seen) == {1}
+    assert torch.get_num_threads() == before
+
+
+def test_batches_move_to_the_device_whatever_their_structure() -> None:
+    batch = {"x": torch.ones(2, 3), "meta": ["a", "b"], "pair": (torch.zeros(2), 3)}
+    moved = to_device(batch, torch.device("cpu"))
+    assert moved["meta"] == ["a", "b"] and moved["pair"][1] == 3
+    assert batch_length(batch, 99) == 2
+    assert batch_length(["a", "b", "c"], 99) == 3
