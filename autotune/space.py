@@ -154,6 +154,8 @@ class SearchSpace:
         if c.pretransform not in self.pretransforms and c.pretransform != "none":
             reason = self.excluded.get(f"pretransform={c.pretransform}", "not available")
             return f"pretransform={c.pretransform!r}: {reason}"
+        if c.pretransform == "device" and c.pin_memory:
+            return "pretransform='device' keeps batches on the GPU already: pin_memory does not apply"
         if c.pretransform == "device" and c.num_workers > 0:
             return (
                 "pretransform='device' needs num_workers=0: worker processes cannot share CUDA"
@@ -185,6 +187,8 @@ class SearchSpace:
         for bs, pt, threads, pin in itertools.product(
             self.batch_sizes, self.pretransforms, self.torch_threads, pins
         ):
+            if pt == "device" and pin:
+                continue
             for workers in self.worker_choices:
                 if pt == "device" and workers:
                     break
@@ -225,7 +229,9 @@ def resolve_batch_sizes(
             sizes = (max(1, dataset_len or 1),)
         baseline = BASELINE_BATCH_SIZE if BASELINE_BATCH_SIZE in sizes else sizes[0]
         return sizes, baseline
-    values = list(batch_size) if isinstance(batch_size, (list, tuple, range)) else [batch_size]
+    values: list[Any] = (
+        list(batch_size) if isinstance(batch_size, (list, tuple, range)) else [batch_size]
+    )
     if not values:
         raise ConfigurationError(
             "batch_size=[] is empty; pass an int to fix the batch size, a list of ints to search"
@@ -242,8 +248,8 @@ def resolve_batch_sizes(
                 f"batch_size={v} is larger than the dataset ({dataset_len} samples); pass a batch"
                 f" size of at most {dataset_len}."
             )
-    sizes = tuple(sorted(set(values)))
-    baseline = values[0] if len(values) == 1 else (
+    sizes = tuple(sorted({int(v) for v in values}))
+    baseline = sizes[0] if len(sizes) == 1 else (
         BASELINE_BATCH_SIZE if BASELINE_BATCH_SIZE in sizes else sizes[0]
     )
     return sizes, baseline
