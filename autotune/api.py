@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -14,10 +15,11 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from . import distributed, profiles
 from . import pretransform as pt
 from .exceptions import ConfigurationError
 from .machine import detect_machine
-from .measure import MeasureLimits, process_memory, quiet_worker_warning
+from .measure import MeasureLimits, measure, process_memory, quiet_worker_warning
 from .progress import Progress
 from .space import Candidate, build_space
 from .study import SearchSettings, TrialRecord, run_search
@@ -263,7 +265,7 @@ def tune_loader(
         seed: seeds the sampler and the shuffling, so a search can be repeated.
         progress: show a progress line on stderr.
     """
-    started = time.perf_counter()
+    started = time.monotonic()
     n = _dataset_len(dataset)
     budget = _check_number("budget_s", budget_s, minimum=0,
                            fix="give the tuning a positive number of seconds, e.g. budget_s=60.")
@@ -275,6 +277,37 @@ def tune_loader(
     strategies = _resolve_pretransforms(pretransform)
     machine = detect_machine()
     iterable = isinstance(dataset, IterableDataset)
+    ctx = distributed.context(budget)
+    local_ranks = ctx.local_world_size if ctx is not None else 1
+
+    fixed: dict[str, Any] = {
+        "batch_size": batch_size if batch_size is None or isinstance(batch_size, int)
+        else sorted(batch_size),
+        "epochs": epochs,
+        "pretransform": list(strategies),
+        "max_workers": max_workers,
+        "shuffle": shuffle,
+        "collate_fn": getattr(collate_fn, "__qualname__", None if collate_fn is None else "custom"),
+    }
+    if ctx is not None:
+        fixed["local_world_size"] = local_ranks  # the best per-rank setting depends on it
+    workload = profiles.workload_fingerprint(dataset, step=step, device=str(dev), fixed=fixed)
+    if ctx is not None and not ctx.leader:
+        payload = distributed.follow(ctx, dataset, step=step, device=dev,
+                                     shuffle=shuffle and not iterable, collate_fn=collate_fn,
+                                     seed=seed)
+        return TuneResult.from_dict(payload)
+    coordinator = distributed.Coordinator(ctx) if ctx is not None else None
+    key = profiles.profile_key(machine.fingerprint(), workload)
+    store = profiles.open_store(cache_dir=cache_dir, storage=storage) if cache else None
+    if store is not None and not retune:
+        record = store.get(key)
+        if record is not None:
+            log.info("autotune: profile %s found in %s; not measuring", key, store.location)
+            cached = TuneResult.from_dict(record, from_cache=True)
+            if coordinator is not None:
+                coordinator.finish(("result", cached.to_dict()))
+            return cached
 
     cuda_data = not iterable and pt.holds_cuda_tensors(dataset)
     excluded: dict[str, str] = {}
@@ -303,11 +336,12 @@ def tune_loader(
     space = build_space(
         machine, batch_size=batch_size, dataset_len=n, cuda=dev.type == "cuda",
         pretransforms=usable, max_workers=max_workers, excluded=excluded, epochs=epochs,
+        local_world_size=local_ranks,
     )
 
     window = min(MAX_WINDOW_S, max(MIN_WINDOW_S, budget * WINDOW_S_PER_BUDGET_S))
     if memory_budget_bytes is None:
-        memory_limit = process_memory() + int(MEMORY_BUDGET_FRACTION * avail)
+        memory_limit = process_memory() + int(MEMORY_BUDGET_FRACTION * avail / local_ranks)
     else:
         memory_limit = int(_check_number(
             "memory_budget_bytes", memory_budget_bytes, minimum=0,
@@ -318,10 +352,18 @@ def tune_loader(
         budget_s=budget, epochs=epochs, dataset_len=n, device=dev, limits=limits, seed=seed,
         shuffle=shuffle and not iterable, collate_fn=collate_fn, usable_cpus=machine.usable_cpus,
         refused=refused,
+        storage_url=store.study_storage_url() if store is not None else None,
+        started_at=started,
+        study_name=f"autotune-{key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}",
     )
     bar = Progress(budget, enabled=progress)
     try:
-        outcome = run_search(dataset, step, space, settings, progress=bar)
+        outcome = run_search(dataset, step, space, settings, progress=bar,
+                             evaluate=coordinator or measure)
+    except BaseException as err:
+        if coordinator is not None:
+            coordinator.finish(("error", f"{type(err).__name__}: {err}"))
+        raise
     finally:
         bar.close()
     best, base = outcome.best, outcome.baseline
@@ -341,10 +383,17 @@ def tune_loader(
         device=str(dev),
         epochs=epochs,
         budget_s=budget,
-        tuning_s=time.perf_counter() - started,
+        tuning_s=time.monotonic() - started,
+        key=key,
         machine=machine.fingerprint(),
+        workload=workload,
         study_name=outcome.study_name,
+        storage_url=settings.storage_url if outcome.study_name else None,
     )
+    if coordinator is not None:
+        coordinator.finish(("result", result.to_dict()))
+    if store is not None:
+        store.put(key, result.to_dict())
     log.info("autotune: best %s at %.0f samples/s (%.2fx the defaults)",
              best.candidate.label(), best.samples_per_s, outcome.speedup or float("nan"))
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -90,11 +91,11 @@ def _cpu_model() -> str:
 
 
 def _torchvision_version() -> str | None:
+    # The installed distribution's version: importing torchvision itself takes seconds.
     try:
-        import torchvision
-    except ImportError:  # pragma: no cover - torchvision is a dependency
+        return importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a dependency
         return None
-    return str(torchvision.__version__)
 
 
 def detect_machine() -> MachineInfo:

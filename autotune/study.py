@@ -29,6 +29,7 @@ import logging
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -36,7 +37,7 @@ from typing import Any
 import optuna
 import torch
 
-from .exceptions import CandidateError, TrialPruned, TuningFailed
+from .exceptions import CandidateError, ProfileStoreWarning, TrialPruned, TuningFailed
 from .measure import MeasureLimits, Measurement, measure
 from .progress import Progress
 from .space import Candidate, SearchSpace
@@ -129,6 +130,8 @@ class SearchSettings:
     study_name: str | None = None
     refused: dict[str, str] = field(default_factory=dict)
     """Pre-transform strategies refused for this dataset, with the reason (recorded as trials)."""
+    started_at: float | None = None
+    """``time.monotonic()`` when the caller's budget began; the search's own start when ``None``."""
 
 
 @dataclass(frozen=True)
@@ -256,13 +259,15 @@ class _Search:
     """One search run: the state shared by the phases of NOTE [ Search ]."""
 
     def __init__(self, dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpace,
-                 settings: SearchSettings, progress: Progress) -> None:
+                 settings: SearchSettings, progress: Progress,
+                 evaluate: Callable[..., Measurement] = measure) -> None:
+        self.evaluate = evaluate
         self.dataset = dataset
         self.step = step
         self.space = space
         self.s = settings
         self.progress = progress
-        self.started = time.monotonic()
+        self.started = settings.started_at if settings.started_at is not None else time.monotonic()
         self.deadline = self.started + settings.budget_s
         self.records: list[TrialRecord] = []
         self.by_candidate: dict[Candidate, list[TrialRecord]] = {}
@@ -270,6 +275,7 @@ class _Search:
         self.oom_batch: int | None = None
         self.best_sps = 0.0
         self.best_score = 0.0
+        self.study_name = settings.study_name
 
     # -- measuring ---------------------------------------------------------------------------------
 
@@ -316,9 +322,9 @@ class _Search:
 
         t0 = time.monotonic()
         try:
-            m = measure(self.dataset, c, step=self.step, device=self.s.device, limits=limits,
-                        progress=on_progress, shuffle=self.s.shuffle,
-                        collate_fn=self.s.collate_fn, seed=self.s.seed)
+            m = self.evaluate(self.dataset, c, step=self.step, device=self.s.device, limits=limits,
+                              progress=on_progress, shuffle=self.s.shuffle,
+                              collate_fn=self.s.collate_fn, seed=self.s.seed)
         except TrialPruned as err:
             return self.record(c, phase, "pruned", reason=str(err),
                                duration_s=time.monotonic() - t0)
@@ -345,10 +351,7 @@ class _Search:
         final_reserve = FINAL_FRACTION * self.s.budget_s
         sampler = optuna.samplers.TPESampler(seed=self.s.seed, n_startup_trials=6)
         with _quiet_optuna():
-            study = optuna.create_study(
-                direction="maximize", sampler=sampler, storage=self.s.storage_url,
-                study_name=self.s.study_name, load_if_exists=False,
-            )
+            study = self.create_study(sampler)
             study.set_user_attr("space", _jsonable(self.space.to_dict()))
             for c in warm_starts(self.space, self.s.usable_cpus):
                 study.enqueue_trial(params_of(c, self.space), skip_if_exists=True)
@@ -382,6 +385,23 @@ class _Search:
                 else:
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     idle = idle + 1 if rec.state == "infeasible" else 0
+
+    def create_study(self, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+        """The study, kept in the profile store's database when it can be; in memory otherwise."""
+        if self.s.storage_url is not None:
+            try:
+                return optuna.create_study(
+                    direction="maximize", sampler=sampler, storage=self.s.storage_url,
+                    study_name=self.s.study_name, load_if_exists=False,
+                )
+            except Exception as err:  # noqa: BLE001 - any storage failure leaves tuning possible
+                warnings.warn(
+                    f"the study could not be kept in {self.s.storage_url!r} ({type(err).__name__}:"
+                    f" {err}); it is kept in memory, so it will not show in optuna-dashboard.",
+                    ProfileStoreWarning, stacklevel=4,
+                )
+        self.study_name = None
+        return optuna.create_study(direction="maximize", sampler=sampler)
 
     def summarize(self, c: Candidate) -> Summary:
         recs = self.by_candidate[c]
@@ -426,7 +446,7 @@ class _Search:
         base = self.summarize(baseline) if baseline in self.by_candidate else None
         speedup = (best.samples_per_s / base.samples_per_s) if base and base.samples_per_s else None
         return SearchOutcome(best, base, speedup, tuple(self.records),
-                             time.monotonic() - self.started, self.s.study_name)
+                             time.monotonic() - self.started, self.study_name)
 
     def fail(self) -> BaseException:
         """The error to raise when nothing completed: the user's own, else a summary."""
@@ -449,9 +469,15 @@ class _Search:
 
 
 def run_search(dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpace,
-               settings: SearchSettings, *, progress: Progress | None = None) -> SearchOutcome:
-    """Search ``space`` for the best candidate (see NOTE [ Search ])."""
-    search = _Search(dataset, step, space, settings, progress or Progress(0, enabled=False))
+               settings: SearchSettings, *, progress: Progress | None = None,
+               evaluate: Callable[..., Measurement] = measure) -> SearchOutcome:
+    """Search ``space`` for the best candidate (see NOTE [ Search ]).
+
+    ``evaluate`` measures one candidate; it is :func:`autotune.measure.measure` unless several ranks
+    measure together (NOTE [ Cooperative tuning ] in distributed.py).
+    """
+    search = _Search(dataset, step, space, settings, progress or Progress(0, enabled=False),
+                     evaluate)
     search.search()
     if not search.by_candidate:
         raise search.fail()

@@ -1,0 +1,910 @@
+"""The per-machine profile store: the best configuration found, remembered per machine and workload.
+
+A profile is keyed by :func:`profile_key` over two fingerprints: the machine's
+(:meth:`autotune.machine.MachineInfo.fingerprint`) and the workload's (:func:`workload_fingerprint`).
+Two stores keep profiles, behind the :class:`ProfileStore` protocol:
+
+- :class:`EmbeddedProfileStore` (the default): one JSON file per key, ``<cache dir>/profiles/<key>.json``,
+  under the directory :func:`resolve_cache_dir` names. No database, no SQLAlchemy import: a cache hit
+  is a file read.
+- :class:`DatabaseProfileStore`: a table ``autotune_profiles`` in any database Optuna's RDB storage
+  accepts (``postgresql://...``, ``sqlite:///path``), shared by every node that uses the same URL.
+
+A bad entry (truncated JSON, another schema) is never an error: it is ignored with a
+:class:`~autotune.exceptions.ProfileStoreWarning` and read as a miss, and the next tuning run replaces
+it. A store that cannot be written (read-only folder, full disk) warns and ``put`` returns ``False``:
+the tuning result is still used, it is only not remembered.
+
+# NOTE [ Atomic profile writes ]
+# A profile file is written to a temporary file in the same folder (named TMP_PREFIX + pid + random),
+# flushed and fsync'ed, then renamed over the target with os.replace, which is atomic on POSIX and
+# Windows when source and target share a filesystem. Readers therefore see the old file or the new
+# one, never a mix, and concurrent writers of one key end with exactly one of their records (the
+# last rename wins). On any failure the temporary file is removed before the error is reported.
+# The database store gets the same guarantee from one upsert per transaction.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import errno
+import functools
+import hashlib
+import inspect
+import json
+import os
+import re
+import secrets
+import sys
+import time
+import types
+import warnings
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .exceptions import ConfigurationError, ProfileStoreError, ProfileStoreWarning
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+SCHEMA_VERSION = 1
+"""Version of the stored record layout. A record with any other version is ignored (and replaced)."""
+
+CACHE_DIR_ENV = "AUTOTUNE_CACHE_DIR"
+"""Environment variable that overrides the platform's user cache directory."""
+
+APP_NAME = "autotune"
+
+PROFILES_SUBDIR = "profiles"
+"""Folder, inside the cache directory, that holds one ``<key>.json`` per profile."""
+
+STUDIES_DB = "studies.db"
+"""SQLite file, inside the cache directory, that keeps each tuning run's Optuna study."""
+
+TMP_PREFIX = ".tmp-"
+"""Prefix of the temporary files a write renames into place (see NOTE [ Atomic profile writes ])."""
+
+STALE_TMP_S = 3600.0
+"""A temporary file older than this was left by a killed writer; ``clear`` removes it."""
+
+TABLE_NAME = "autotune_profiles"
+"""The table the database store keeps profiles in, next to Optuna's own tables."""
+
+KEY_LENGTH = 16
+"""Hex characters of the profile key: 64 bits, ample for the profiles of one user or fleet."""
+
+POSTGRES_CONNECT_TIMEOUT_S = 10
+"""Seconds to wait for a PostgreSQL server before calling it unreachable (unless the URL says)."""
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_ADDRESS_RE = re.compile(r"\s+at\s+0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
+_MAX_ITEMS = 16
+"""Items of a list/tuple/dict sample described one by one; longer ones are summarised by length."""
+_MAX_DEPTH = 6
+
+# Entries already warned about in this process, so each bad file or row warns once (per version of
+# it: a file rewritten and corrupt again warns again).
+_warned: set[tuple[str, ...]] = set()
+
+
+# --------------------------------------------------------------------------------------------------
+# Cache directory
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The folder profiles and studies live in, resolved now (no state is kept between calls).
+
+    In order: the ``cache_dir`` argument; the ``AUTOTUNE_CACHE_DIR`` environment variable; the
+    platform's user cache directory: ``$XDG_CACHE_HOME/autotune`` or ``~/.cache/autotune`` on Linux,
+    ``~/Library/Caches/autotune`` on macOS, ``%LOCALAPPDATA%\\autotune\\Cache`` on Windows.
+    The folder is not created here.
+    """
+    if cache_dir is not None and str(cache_dir) != "":
+        return Path(cache_dir).expanduser().absolute()
+    env = os.environ.get(CACHE_DIR_ENV)
+    if env:
+        return Path(env).expanduser().absolute()
+    return _platform_cache_dir(sys.platform, os.environ).absolute()
+
+
+def _platform_cache_dir(platform: str, environ: Mapping[str, str]) -> Path:
+    home = Path(environ.get("HOME") or environ.get("USERPROFILE") or Path.home())
+    if platform.startswith("win"):
+        local = environ.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
+        return Path(local) / APP_NAME / "Cache"
+    if platform == "darwin":
+        return home / "Library" / "Caches" / APP_NAME
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    # The XDG spec says a relative value is invalid and must be ignored.
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else home / ".cache"
+    return base / APP_NAME
+
+
+# --------------------------------------------------------------------------------------------------
+# Fingerprints and keys
+
+
+def workload_fingerprint(
+    dataset: Any,
+    *,
+    step: Any = None,
+    device: str = "cpu",
+    fixed: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A readable description of what is being loaded, the same in every process for the same workload.
+
+    Cheap: it reads one sample (``dataset[0]``, or the first item of an iterable dataset). Memory
+    addresses are stripped from reprs, and the step is identified by its qualified name plus a hash of
+    its compiled code, so editing the step's body gives a new key. Errors raised by the dataset itself
+    are not caught.
+    """
+    length = _length(dataset)
+    return {
+        "dataset": _qualname(type(dataset)),
+        "len": length,
+        "sample": _describe(_first_sample(dataset, length)),
+        "transform": _transform_repr(dataset),
+        "step": _step_identity(step),
+        "device": str(device),
+        "fixed": _jsonable(dict(fixed)) if fixed else {},
+    }
+
+
+def profile_key(machine_fp: Mapping[str, Any], workload_fp: Mapping[str, Any]) -> str:
+    """A short hex key, stable across processes and runs: sha256 over canonical JSON of both."""
+    text = _canonical_json({"machine": machine_fp, "workload": workload_fp})
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:KEY_LENGTH]
+
+
+def _canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+
+
+def _qualname(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) or "?"
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
+    return f"{module}.{name}"
+
+
+def _strip_addresses(text: str) -> str:
+    return _ADDRESS_RE.sub("", text)
+
+
+def _length(dataset: Any) -> int | None:
+    try:
+        return int(len(dataset))
+    except (TypeError, NotImplementedError):  # IterableDataset, or a dataset without __len__
+        return None
+
+
+def _first_sample(dataset: Any, length: int | None) -> Any:
+    if length == 0:
+        return None
+    if length is not None and hasattr(dataset, "__getitem__"):
+        return dataset[0]
+    if hasattr(dataset, "__iter__"):
+        # An iterable dataset: take its first item and let the iterator go.
+        return next(iter(dataset), None)
+    return None
+
+
+def _describe(sample: Any, depth: int = 0) -> Any:
+    """The structure of a sample: types, shapes and dtypes, never values (labels differ per sample)."""
+    if depth > _MAX_DEPTH:
+        return {"type": _qualname(type(sample))}
+    if sample is None:
+        return {"type": "None"}
+    if isinstance(sample, bool | int | float | complex | str | bytes):
+        return {"type": type(sample).__name__}
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(sample, torch.Tensor):
+        return {
+            "type": "tensor",
+            "shape": list(sample.shape),
+            "dtype": str(sample.dtype),
+            "device": sample.device.type,
+        }
+    module = type(sample).__module__ or ""
+    if module.startswith("numpy"):
+        if hasattr(sample, "shape") and hasattr(sample, "dtype"):
+            return {"type": "ndarray", "shape": list(sample.shape), "dtype": str(sample.dtype)}
+        return {"type": type(sample).__name__}
+    if module.startswith("PIL.") and hasattr(sample, "size") and hasattr(sample, "mode"):
+        return {"type": "PIL.Image", "size": list(sample.size), "mode": str(sample.mode)}
+    if isinstance(sample, Mapping):
+        keys = sorted(sample, key=str)
+        out: dict[str, Any] = {"type": "dict", "len": len(keys)}
+        if len(keys) <= _MAX_ITEMS:
+            out["items"] = {str(k): _describe(sample[k], depth + 1) for k in keys}
+        return out
+    if isinstance(sample, tuple | list):
+        out = {"type": type(sample).__name__, "len": len(sample)}
+        if len(sample) <= _MAX_ITEMS:
+            out["items"] = [_describe(item, depth + 1) for item in sample]
+        return out
+    return {"type": _qualname(type(sample))}
+
+
+def _transform_repr(dataset: Any) -> str | None:
+    # Wrappers such as Subset keep the transform on the dataset they wrap.
+    for _ in range(_MAX_DEPTH):
+        transform = getattr(dataset, "transform", None)
+        if transform is not None:
+            return _strip_addresses(repr(transform))
+        dataset = getattr(dataset, "dataset", None)
+        if dataset is None:
+            break
+    return None
+
+
+def _step_identity(step: Any) -> dict[str, Any] | None:
+    """Qualified name plus a hash of the compiled code (see NOTE [ Step identity ])."""
+    # NOTE [ Step identity ]
+    # A function is named by module.qualname and hashed over its bytecode, constants and names, so
+    # the same step gives the same key in every process and an edited step gives a new one. A bound
+    # method, an nn.Module or another callable object is named by its class (an instance has no
+    # stable identity), hashed over the code of the method that runs (the method, forward, __call__).
+    if step is None:
+        return None
+    if isinstance(step, functools.partial):
+        inner = _step_identity(step.func) or {}
+        return {"name": f"functools.partial({inner.get('name')})", "code": inner.get("code")}
+    if inspect.ismethod(step):
+        func = step.__func__
+        return {
+            "name": f"{_qualname(type(step.__self__))}.{func.__name__}",
+            "code": _function_digest(func),
+        }
+    if inspect.isfunction(step) or inspect.isbuiltin(step) or isinstance(step, type):
+        return {"name": _qualname(step), "code": _function_digest(step)}
+    cls = type(step)
+    torch = sys.modules.get("torch")
+    is_module = torch is not None and isinstance(step, torch.nn.Module)
+    runs = getattr(cls, "forward" if is_module else "__call__", None)
+    return {"name": _qualname(cls), "code": _function_digest(runs)}
+
+
+def _function_digest(func: Any) -> str | None:
+    code = getattr(func, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return None
+    return _code_digest(code)
+
+
+def _code_digest(code: types.CodeType) -> str:
+    h = hashlib.sha256()
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        h.update(b"\0")
+        if isinstance(const, types.CodeType):
+            h.update(_code_digest(const).encode())
+        elif isinstance(const, frozenset):
+            # A set literal's repr follows string hashing, which differs per process.
+            h.update(repr(sorted(repr(c) for c in const)).encode())
+        else:
+            h.update(_strip_addresses(repr(const)).encode())
+    return h.hexdigest()[:KEY_LENGTH]
+
+
+def _jsonable(obj: Any) -> Any:
+    """``obj`` as plain JSON values; anything else by its qualified name or address-free repr."""
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, set | frozenset):
+        return sorted((_jsonable(v) for v in obj), key=repr)
+    if callable(obj) and hasattr(obj, "__qualname__"):
+        return _qualname(obj)
+    return _strip_addresses(repr(obj))
+
+
+# --------------------------------------------------------------------------------------------------
+# Stores
+
+
+@runtime_checkable
+class ProfileStore(Protocol):
+    """Where profiles are kept. ``get`` and ``put`` never raise for a bad entry or a failed write."""
+
+    location: str
+    """Human-readable: a folder path, or a database URL with the password masked."""
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The stored record, or ``None`` when missing, corrupt or of another schema (with a warning)."""
+        ...
+
+    def put(self, key: str, record: Mapping[str, Any]) -> bool:
+        """Store ``record`` under ``key`` atomically; ``True`` if written, ``False`` (warned) if not."""
+        ...
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        """One summary per readable profile, newest first (see :func:`summarize`)."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Remove one profile; ``True`` if it existed."""
+        ...
+
+    def clear(self) -> int:
+        """Remove every profile; the number removed."""
+        ...
+
+    def study_storage_url(self) -> str:
+        """The Optuna storage URL where tuning runs keep their studies."""
+        ...
+
+    def close(self) -> None:
+        """Release connections (a no-op for the embedded store)."""
+        ...
+
+
+def open_store(
+    *, cache_dir: str | os.PathLike[str] | None = None, storage: str | None = None
+) -> ProfileStore:
+    """The embedded store under the cache directory, or the database store when ``storage`` is a URL.
+
+    Opening the embedded store touches nothing on disk. Opening a database store connects and creates
+    the table if missing; an unreachable database raises :class:`ProfileStoreError`.
+    """
+    if storage:
+        return DatabaseProfileStore(storage)
+    return EmbeddedProfileStore(resolve_cache_dir(cache_dir))
+
+
+def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The short form ``list`` returns: what a table of profiles shows."""
+    workload = record.get("workload") or {}
+    short_workload: dict[str, Any] = {}
+    if isinstance(workload, Mapping):
+        step = workload.get("step")
+        short_workload = {
+            "dataset": workload.get("dataset"),
+            "len": workload.get("len"),
+            "step": step.get("name") if isinstance(step, Mapping) else step,
+            "device": workload.get("device"),
+        }
+    summary: dict[str, Any] = {
+        "key": record.get("key"),
+        "created": record.get("created"),
+        "machine": record.get("machine"),
+        "workload": short_workload,
+        "loader_kwargs": record.get("loader_kwargs"),
+    }
+    if "samples_per_s" in record:
+        summary["samples_per_s"] = record["samples_per_s"]
+    return summary
+
+
+def _check_key(key: str) -> str:
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise ConfigurationError(
+            f"profile key {key!r} is not valid: a key is 1-128 letters, digits, '-' or '_', as"
+            f" profile_key() returns; use a key shown by `autotune profiles list`."
+        )
+    return key
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _stamp(key: str, record: Mapping[str, Any]) -> dict[str, Any]:
+    stamped = dict(record)
+    stamped["schema"] = SCHEMA_VERSION
+    stamped["key"] = key
+    stamped["created"] = record.get("created") or _now()
+    return stamped
+
+
+def _validate(record: Any, key: str) -> str | None:
+    """Why a decoded record cannot be used, or ``None`` when it can."""
+    if not isinstance(record, dict):
+        return f"it holds a JSON {type(record).__name__}, not an object"
+    schema = record.get("schema")
+    if schema != SCHEMA_VERSION:
+        return f"it has schema {schema!r} and this version of autotune reads schema {SCHEMA_VERSION}"
+    if record.get("key", key) != key:
+        return f"it holds the profile of key {record.get('key')!r}"
+    return None
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel that points a warning issued by this module's caller at the user's code."""
+    package_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package_dir):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
+
+
+def _warn_once(identity: tuple[str, ...], message: str) -> None:
+    if identity in _warned:
+        return
+    _warned.add(identity)
+    warnings.warn(message, ProfileStoreWarning, stacklevel=_user_stacklevel())
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, ProfileStoreWarning, stacklevel=_user_stacklevel())
+
+
+class EmbeddedProfileStore:
+    """One JSON file per profile under ``<cache dir>/profiles``; see NOTE [ Atomic profile writes ]."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.profiles_dir = self.cache_dir / PROFILES_SUBDIR
+        self.location = str(self.profiles_dir)
+
+    def __repr__(self) -> str:
+        return f"EmbeddedProfileStore({self.location!r})"
+
+    def path(self, key: str) -> Path:
+        """The file that holds ``key``'s profile (whether or not it exists)."""
+        return self.profiles_dir / f"{_check_key(key)}.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        path = self.path(key)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+                stat = os.fstat(fh.fileno())
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            _warn_once(
+                ("read-error", str(path), type(err).__name__),
+                f"could not read the profile {path}: {err}. It is treated as missing; check the"
+                f" folder's permissions or point {CACHE_DIR_ENV} at a readable folder.",
+            )
+            return None
+        identity = ("bad-file", str(path), str(stat.st_mtime_ns), str(stat.st_size))
+        try:
+            record = json.loads(data)
+        except ValueError as err:  # truncated or garbled JSON, or bytes that are not UTF-8
+            _warn_once(
+                identity,
+                f"ignoring the corrupt profile {path} ({err}); it will be replaced by the next tuning"
+                f" run, or remove it with `autotune profiles clear`.",
+            )
+            return None
+        reason = _validate(record, key)
+        if reason is not None:
+            _warn_once(
+                identity,
+                f"ignoring the profile {path}: {reason}. It will be replaced by the next tuning run,"
+                f" or remove it with `autotune profiles clear`.",
+            )
+            return None
+        return record
+
+    def put(self, key: str, record: Mapping[str, Any]) -> bool:
+        path = self.path(key)
+        stamped = _stamp(key, record)
+        try:
+            data = json.dumps(stamped, indent=2, sort_keys=True).encode("utf-8")
+        except (TypeError, ValueError) as err:
+            raise ProfileStoreError(
+                f"the profile for key {key} cannot be stored: {err}; a record must hold only JSON"
+                f" values (dict, list, str, int, float, bool, None)."
+            ) from err
+        try:
+            self.profiles_dir.mkdir(parents=True, exist_ok=True)
+            _atomic_write(path, data)
+        except OSError as err:
+            hint = (
+                "free some disk space"
+                if err.errno in (errno.ENOSPC, errno.EDQUOT)
+                else f"make the folder writable or point {CACHE_DIR_ENV} at a writable folder"
+            )
+            _warn(
+                f"could not save the profile to {path}: {err}. This run's result is still used but"
+                f" will not be remembered; {hint}."
+            )
+            return False
+        return True
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        summaries = []
+        for key in self._keys():
+            record = self.get(key)
+            if record is not None:
+                summaries.append(summarize(record))
+        summaries.sort(key=lambda s: str(s.get("created") or ""), reverse=True)
+        return summaries
+
+    def delete(self, key: str) -> bool:
+        path = self.path(key)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            raise ProfileStoreError(
+                f"could not delete the profile {path}: {err}; make the folder writable and retry."
+            ) from err
+        return True
+
+    def clear(self) -> int:
+        removed = sum(self.delete(key) for key in self._keys())
+        self._remove_stale_temp_files()
+        return removed
+
+    def study_storage_url(self) -> str:
+        with contextlib.suppress(OSError):  # an unwritable folder fails later, in Optuna, with a reason
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{(self.cache_dir / STUDIES_DB).as_posix()}"
+
+    def close(self) -> None:
+        pass
+
+    def _keys(self) -> builtins.list[str]:
+        try:
+            names = os.listdir(self.profiles_dir)
+        except FileNotFoundError:
+            return []
+        except OSError as err:
+            raise ProfileStoreError(
+                f"could not list the profiles in {self.profiles_dir}: {err}; check the folder's"
+                f" permissions or point {CACHE_DIR_ENV} at another folder."
+            ) from err
+        keys = []
+        for name in sorted(names):
+            stem, ext = os.path.splitext(name)
+            if ext == ".json" and not name.startswith(TMP_PREFIX) and _KEY_RE.match(stem):
+                keys.append(stem)
+        return keys
+
+    def _remove_stale_temp_files(self) -> None:
+        try:
+            names = os.listdir(self.profiles_dir)
+        except OSError:
+            return
+        cutoff = time.time() - STALE_TMP_S
+        for name in names:
+            if name.startswith(TMP_PREFIX):
+                path = self.profiles_dir / name
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old or the new file, never a part."""
+    tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}.json"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    fd = os.open(tmp, flags, 0o666)  # the umask decides the final permissions
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _replace(src: Path, dst: Path) -> None:
+    # On Windows, os.replace fails while another process has the target open; readers are brief.
+    for attempt in range(10):
+        try:
+            os.replace(src, dst)
+            return
+        except PermissionError:
+            if os.name != "nt" or attempt == 9:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename itself durable (POSIX); best effort, the file is already complete."""
+    if os.name == "nt":
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class DatabaseProfileStore:
+    """Profiles in the table ``autotune_profiles`` of a SQL database Optuna can also keep studies in.
+
+    Uses SQLAlchemy Core, imported only when this store is opened. One row per key; writes are one
+    upsert in one transaction, so nodes writing the same key at once leave one consistent row.
+    """
+
+    def __init__(self, url: str) -> None:
+        try:
+            import sqlalchemy as sa
+            from sqlalchemy.engine import make_url
+        except ImportError as err:  # pragma: no cover - SQLAlchemy comes with Optuna
+            raise ProfileStoreError(
+                f"storage={url!r} needs SQLAlchemy, which is not installed; run"
+                f" `pip install sqlalchemy` or omit storage= to use the embedded store."
+            ) from err
+        self._sa = sa
+        try:
+            parsed = make_url(url)
+        except Exception as err:  # sqlalchemy.exc.ArgumentError, ValueError
+            raise ConfigurationError(
+                f"storage={_mask_text(url)!r} is not a database URL; use one such as"
+                f" 'postgresql://user:password@host/dbname' or 'sqlite:////path/to/profiles.db'."
+            ) from err
+        self.location = parsed.render_as_string(hide_password=True)
+        self._password = parsed.password
+        resolved = _with_installed_driver(parsed)
+        self._url = url if resolved is parsed else resolved.render_as_string(hide_password=False)
+        parsed = resolved
+        self._engine = self._create_engine(parsed)
+        self._table = self._define_table()
+        self._create_table()
+
+    def __repr__(self) -> str:
+        return f"DatabaseProfileStore({self.location!r})"
+
+    # -- setup ------------------------------------------------------------------------------------
+
+    def _create_engine(self, parsed: Any) -> Engine:
+        sa = self._sa
+        connect_args: dict[str, Any] = {}
+        if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+            connect_args["connect_timeout"] = POSTGRES_CONNECT_TIMEOUT_S
+        try:
+            return sa.create_engine(parsed, connect_args=connect_args, pool_pre_ping=True)
+        except ImportError as err:  # the DBAPI driver is missing
+            backend = parsed.get_backend_name()
+            fix = (
+                "pip install 'autotune[postgres]'"
+                if backend == "postgresql"
+                else f"install the Python driver for {parsed.drivername}"
+            )
+            raise ProfileStoreError(
+                f"cannot open the profile store {self.location}: the database driver for"
+                f" {parsed.drivername!r} is not installed ({err}); run `{fix}`, or omit storage="
+                f" to use the embedded store."
+            ) from err
+        except Exception as err:  # sqlalchemy.exc.NoSuchModuleError, ArgumentError
+            raise ConfigurationError(
+                f"storage={self.location!r} names a database SQLAlchemy cannot open ({err}); use a"
+                f" URL such as 'postgresql://user:password@host/dbname' or 'sqlite:////path/db'."
+            ) from err
+
+    def _define_table(self) -> Any:
+        sa = self._sa
+        # MySQL cannot index an unbounded TEXT key; every other backend keeps TEXT.
+        key_type = sa.Text().with_variant(sa.String(128), "mysql", "mariadb")
+        return sa.Table(
+            TABLE_NAME,
+            sa.MetaData(),
+            sa.Column("key", key_type, primary_key=True),
+            sa.Column("schema", sa.Integer, nullable=False),
+            sa.Column("created", sa.Text, nullable=False),
+            sa.Column("updated", sa.Text, nullable=False),
+            sa.Column("record", sa.Text, nullable=False),
+        )
+
+    def _create_table(self) -> None:
+        sa = self._sa
+        try:
+            try:
+                self._table.create(self._engine, checkfirst=True)
+            except sa.exc.DBAPIError as err:
+                # Another process created it between our check and our CREATE: fine if it is there.
+                if err.connection_invalidated or not sa.inspect(self._engine).has_table(TABLE_NAME):
+                    raise
+        except sa.exc.SQLAlchemyError as err:
+            self._engine.dispose()
+            raise self._error("connect to the database and create the profile table", err) from err
+
+    def _error(self, action: str, err: BaseException) -> ProfileStoreError:
+        detail = self._mask(str(getattr(err, "orig", None) or err)).strip().splitlines()
+        return ProfileStoreError(
+            f"could not {action} in {self.location}: {detail[0] if detail else type(err).__name__}."
+            f" Check that the database server is running and reachable from this machine and that"
+            f" the URL, user, password and database name are right (for SQLite, that the folder"
+            f" exists and is writable), or omit storage= to use the embedded store."
+        )
+
+    def _mask(self, text: str) -> str:
+        if self._password:
+            text = text.replace(str(self._password), "***")
+        return text
+
+    # -- the store --------------------------------------------------------------------------------
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        sa = self._sa
+        _check_key(key)
+        table = self._table
+        try:
+            with self._engine.connect() as conn:
+                row = conn.execute(
+                    sa.select(table.c.schema, table.c.updated, table.c.record).where(table.c.key == key)
+                ).first()
+        except sa.exc.SQLAlchemyError as err:
+            _warn(f"{self._error('read the profile ' + key, err)} It is treated as missing.")
+            return None
+        if row is None:
+            return None
+        identity = ("bad-row", self.location, key, str(row.updated))
+        try:
+            record = json.loads(row.record)
+        except (TypeError, ValueError) as err:
+            _warn_once(
+                identity,
+                f"ignoring the corrupt profile {key} in {self.location} ({err}); it will be replaced"
+                f" by the next tuning run, or remove it with `autotune profiles clear`.",
+            )
+            return None
+        reason = _validate(record, key)
+        if reason is None and row.schema != SCHEMA_VERSION:
+            reason = f"its row has schema {row.schema} and this version reads {SCHEMA_VERSION}"
+        if reason is not None:
+            _warn_once(
+                identity,
+                f"ignoring the profile {key} in {self.location}: {reason}. It will be replaced by the"
+                f" next tuning run, or remove it with `autotune profiles clear`.",
+            )
+            return None
+        return record
+
+    def put(self, key: str, record: Mapping[str, Any]) -> bool:
+        sa = self._sa
+        _check_key(key)
+        stamped = _stamp(key, record)
+        try:
+            text = json.dumps(stamped, sort_keys=True)
+        except (TypeError, ValueError) as err:
+            raise ProfileStoreError(
+                f"the profile for key {key} cannot be stored: {err}; a record must hold only JSON"
+                f" values (dict, list, str, int, float, bool, None)."
+            ) from err
+        values = {
+            "key": key,
+            "schema": SCHEMA_VERSION,
+            "created": stamped["created"],
+            "updated": _now(),
+            "record": text,
+        }
+        try:
+            self._upsert(values)
+        except sa.exc.SQLAlchemyError as err:
+            _warn(
+                f"{self._error('save the profile ' + key, err)} This run's result is still used"
+                f" but will not be remembered."
+            )
+            return False
+        return True
+
+    def _upsert(self, values: dict[str, Any]) -> None:
+        sa = self._sa
+        table = self._table
+        changes = {k: v for k, v in values.items() if k != "key"}
+        dialect = self._engine.dialect.name
+        if dialect in ("postgresql", "sqlite"):
+            from sqlalchemy.dialects import postgresql, sqlite
+
+            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+            stmt = insert(table).values(**values)
+            upsert = stmt.on_conflict_do_update(index_elements=[table.c.key], set_=changes)
+            with self._engine.begin() as conn:
+                conn.execute(upsert)
+            return
+        if dialect in ("mysql", "mariadb"):
+            from sqlalchemy.dialects.mysql import insert as mysql_insert
+
+            mstmt = mysql_insert(table).values(**values).on_duplicate_key_update(**changes)
+            with self._engine.begin() as conn:
+                conn.execute(mstmt)
+            return
+        # Any other backend: update, else insert; a concurrent insert of the same key makes ours
+        # fail with IntegrityError, and the retry then updates the row the other writer created.
+        for attempt in range(3):
+            try:
+                with self._engine.begin() as conn:
+                    updated = conn.execute(
+                        sa.update(table).where(table.c.key == values["key"]).values(**changes)
+                    )
+                    if updated.rowcount == 0:
+                        conn.execute(sa.insert(table).values(**values))
+                return
+            except sa.exc.IntegrityError:
+                if attempt == 2:
+                    raise
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        sa = self._sa
+        try:
+            with self._engine.connect() as conn:
+                keys = [row.key for row in conn.execute(sa.select(self._table.c.key))]
+        except sa.exc.SQLAlchemyError as err:
+            raise self._error("list the profiles", err) from err
+        summaries = []
+        for key in keys:
+            if not _KEY_RE.match(str(key)):
+                continue
+            record = self.get(key)
+            if record is not None:
+                summaries.append(summarize(record))
+        summaries.sort(key=lambda s: str(s.get("created") or ""), reverse=True)
+        return summaries
+
+    def delete(self, key: str) -> bool:
+        sa = self._sa
+        _check_key(key)
+        try:
+            with self._engine.begin() as conn:
+                result = conn.execute(sa.delete(self._table).where(self._table.c.key == key))
+        except sa.exc.SQLAlchemyError as err:
+            raise self._error(f"delete the profile {key}", err) from err
+        return bool(result.rowcount)
+
+    def clear(self) -> int:
+        sa = self._sa
+        try:
+            with self._engine.begin() as conn:
+                result = conn.execute(sa.delete(self._table))
+        except sa.exc.SQLAlchemyError as err:
+            raise self._error("clear the profiles", err) from err
+        return int(result.rowcount)
+
+    def study_storage_url(self) -> str:
+        return self._url
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+
+def _with_installed_driver(parsed: Any) -> Any:
+    """A bare ``postgresql://`` URL with its driver made explicit when the default one is missing.
+
+    SQLAlchemy's default PostgreSQL driver differs between versions (psycopg2 up to 2.0, psycopg 3
+    from 2.1); a bare URL then fails although the other driver is installed. Naming the installed
+    driver lets this store and Optuna, which receives the same URL, open the database either way.
+    """
+    if parsed.drivername != "postgresql":
+        return parsed
+    try:
+        default = parsed.get_dialect().driver
+    except Exception:  # an unknown dialect is reported when the engine is created
+        return parsed
+    if _importable(default):
+        return parsed
+    for driver in ("psycopg2", "psycopg"):
+        if _importable(driver):
+            return parsed.set(drivername=f"postgresql+{driver}")
+    return parsed
+
+
+def _importable(module: str) -> bool:
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _mask_text(url: str) -> str:
+    """``url`` with any ``user:password@`` password replaced, for messages about unparseable URLs."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
