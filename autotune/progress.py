@@ -19,7 +19,7 @@ class Progress:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.started = time.monotonic()
         self.trials = 0
-        self.failed = 0
+        self.not_complete = 0
         self.best: float | None = None
         self._drawn = False
 
@@ -27,7 +27,7 @@ class Progress:
                phase: str = "search") -> None:
         self.trials += 1
         if state != "complete":
-            self.failed += 1
+            self.not_complete += 1
         self.best = best
         if not self.enabled:
             return
@@ -39,7 +39,7 @@ class Progress:
         best_txt = f"{best:,.0f} samples/s" if best else "-"
         this = f"{samples_per_s:,.0f}/s" if samples_per_s is not None else state
         line = (
-            f"autotune [{bar}] {self.trials} trials ({self.failed} failed)  best {best_txt}"
+            f"autotune [{bar}] {self.trials} trials ({self.not_complete} failed or pruned)  best {best_txt}"
             f"  {left:4.0f}s left  {phase}: {label} -> {this}"
         )
         if self.tty:

@@ -116,7 +116,8 @@ def test_workload_model_weights_follow_the_seed_and_keep_the_global_rng() -> Non
 
 def test_small_cnn_is_small_and_takes_any_image_size() -> None:
     model = SmallCNN(num_classes=5)
-    assert 50_000 <= sum(p.numel() for p in model.parameters()) <= 100_000
+    # Small enough that a step costs a few ms on one core (see the class docstring).
+    assert 2_000 <= sum(p.numel() for p in model.parameters()) <= 10_000
     for size in (17, 32, 64):
         assert model(torch.zeros(2, 3, size, size)).shape == (2, 5)
 
