@@ -4,13 +4,16 @@
 # 1. Build a fresh DataLoader from the candidate (the user's objects are never changed). The time from
 #    ``iter(loader)`` to the first batch is ``startup_s`` (worker start, cache warm-up).
 # 2. Warm-up batches run untimed: enough to drain what the workers prepared while the loader started
-#    (num_workers * prefetch_factor batches) plus WARMUP_BATCHES, so the window sees the steady state.
+#    (num_workers * prefetch_factor batches) plus WARMUP_BATCHES, so the window sees the steady state;
+#    at most ``window_s`` of them, since a buffer that drains that slowly means the step is the limit.
 # 3. The window: for every batch, the time blocked in ``next()`` is ``wait`` and the time in the step
 #    (batch moved to the device, then the user's step) is ``step``. On CUDA the step is timed with CUDA
 #    events so the host never serialises the device; on CPU with ``time.perf_counter``. The window runs
 #    for at least ``min_batches`` batches and ``window_s`` seconds, at most ``max_batches``; when an
 #    epoch ends inside it, a new epoch starts and its start-up counts as waiting, as in training.
 # 4. ``samples_per_s`` = samples in the window / window wall time; ``busy`` = step time / wall time.
+#    The search may prune a candidate inside the window, but only after 2 * min_batches batches and
+#    half the window, so a noisy first few batches never decide.
 # 5. Guards: a watchdog thread checks the per-batch and whole-trial time limits and the memory of the
 #    main process plus all its children (PSS where the OS reports it, so pages the workers share with
 #    the main process count once). On a breach it kills the workers and interrupts the main thread; the
@@ -484,9 +487,14 @@ def _run(
                 iterator = holder["iterator"] = iter(loader)
             return next(iterator)
 
+    warm_start = time.perf_counter()
     for _ in range(warmup):
         consume(next_batch())
         watchdog.progress()
+        if time.perf_counter() - warm_start > limits.window_s:
+            # Batches prepared during start-up come at once; when draining them takes this long,
+            # consumption is already the bottleneck and the steady state has begun.
+            break
     if cuda:
         torch.cuda.synchronize(device)
 
@@ -514,7 +522,9 @@ def _run(
         watchdog.progress()
         n = len(waits)
         elapsed = time.perf_counter() - window_start
-        checkpoint = n >= limits.min_batches and n % limits.min_batches == 0
+        # Prune only on evidence: two checkpoints' worth of batches and half a window.
+        checkpoint = (n >= 2 * limits.min_batches and n % limits.min_batches == 0
+                      and elapsed >= limits.window_s / 2)
         if checkpoint and progress is not None and progress(n, samples / max(elapsed, 1e-9)):
             raise TrialPruned(f"pruned after {n} batches at {samples / max(elapsed, 1e-9):.0f} samples/s")
         if n >= limits.max_batches or (n >= limits.min_batches and elapsed >= limits.window_s):

@@ -822,6 +822,25 @@ def _estimate(plan: _Plan) -> int:
     return per_sample * plan.length
 
 
+def estimate_build_s(dataset: Dataset[Any]) -> float | None:
+    """Seconds a cache build would take: a few samples read and pre-transformed, times the length.
+
+    ``None`` when the dataset cannot be cached at all. Like the memory estimate, it assumes the
+    probed samples are typical; a dataset whose early samples are cached by the OS reads faster here.
+    """
+    plan = _plan_for(dataset)
+    if plan.reason is not None:
+        return None
+    source = plan.source if plan.source is not None else dataset
+    indices = _probe_indices(plan.length)
+    with _rng_preserved():
+        t0 = time.perf_counter()
+        for i in indices:
+            _apply_field(plan.prefix, source[i], plan.field)
+        per_sample = (time.perf_counter() - t0) / len(indices)
+    return per_sample * plan.length
+
+
 # ------------------------------------------------------------------------- reuse, weakly keyed
 
 _lock = threading.Lock()
