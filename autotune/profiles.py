@@ -668,7 +668,9 @@ class DatabaseProfileStore:
         if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
             connect_args["connect_timeout"] = POSTGRES_CONNECT_TIMEOUT_S
         try:
-            return sa.create_engine(parsed, connect_args=connect_args, pool_pre_ping=True)
+            # No pool: a store does a handful of operations per tuning run, and a pooled connection
+            # would stay open until the garbage collector finds a store nobody closed.
+            return sa.create_engine(parsed, connect_args=connect_args, poolclass=sa.pool.NullPool)
         except ImportError as err:  # the DBAPI driver is missing
             backend = parsed.get_backend_name()
             fix = (

@@ -350,8 +350,7 @@ class _Search:
 
         final_reserve = FINAL_FRACTION * self.s.budget_s
         sampler = optuna.samplers.TPESampler(seed=self.s.seed, n_startup_trials=6)
-        with _quiet_optuna():
-            study = self.create_study(sampler)
+        with _quiet_optuna(), self.open_study(sampler) as study:
             study.set_user_attr("space", _jsonable(self.space.to_dict()))
             for c in warm_starts(self.space, self.s.usable_cpus):
                 study.enqueue_trial(params_of(c, self.space), skip_if_exists=True)
@@ -386,22 +385,37 @@ class _Search:
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     idle = idle + 1 if rec.state == "infeasible" else 0
 
-    def create_study(self, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
-        """The study, kept in the profile store's database when it can be; in memory otherwise."""
+    @contextlib.contextmanager
+    def open_study(self, sampler: optuna.samplers.BaseSampler) -> Iterator[optuna.Study]:
+        """The study, kept in the profile store's database when it can be; in memory otherwise.
+
+        The database connections are closed when the search ends, not left to the garbage collector.
+        """
+        storage: optuna.storages.RDBStorage | None = None
         if self.s.storage_url is not None:
             try:
-                return optuna.create_study(
-                    direction="maximize", sampler=sampler, storage=self.s.storage_url,
+                storage = optuna.storages.RDBStorage(self.s.storage_url)
+                study = optuna.create_study(
+                    direction="maximize", sampler=sampler, storage=storage,
                     study_name=self.s.study_name, load_if_exists=False,
                 )
             except Exception as err:  # noqa: BLE001 - any storage failure leaves tuning possible
+                if storage is not None:
+                    storage.engine.dispose()
+                    storage = None
                 warnings.warn(
                     f"the study could not be kept in {self.s.storage_url!r} ({type(err).__name__}:"
                     f" {err}); it is kept in memory, so it will not show in optuna-dashboard.",
-                    ProfileStoreWarning, stacklevel=4,
+                    ProfileStoreWarning, stacklevel=5,
                 )
-        self.study_name = None
-        return optuna.create_study(direction="maximize", sampler=sampler)
+        if storage is None:
+            self.study_name = None
+            study = optuna.create_study(direction="maximize", sampler=sampler)
+        try:
+            yield study
+        finally:
+            if storage is not None:
+                storage.engine.dispose()
 
     def summarize(self, c: Candidate) -> Summary:
         recs = self.by_candidate[c]

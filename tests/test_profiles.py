@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from PIL import Image
+from together import PRELUDE, run_together
 from torch.utils.data import Dataset, IterableDataset
 
 from autotune import profiles
@@ -363,17 +363,14 @@ def test_cache_hit_imports_no_database_library(tmp_path: Path) -> None:
 
 WRITER_CODE = (
     IMPORT_PROFILES_ONLY
+    + PRELUDE
     + """
-import json, os, sys, time, warnings
+import sys, warnings
 warnings.simplefilter("error")  # a corrupt read would warn: make it fail this writer
 from autotune.profiles import open_store
-storage, go = sys.argv[1], sys.argv[3]
-writer, writes, payload = int(sys.argv[2]), int(sys.argv[4]), int(sys.argv[5])
-open(go + f".ready-{writer}", "w").close()
-deadline = time.monotonic() + 60
-while not os.path.exists(go):
-    assert time.monotonic() < deadline, "never told to start"
-    time.sleep(0.005)
+writer = int(sys.argv[2])
+storage, writes, payload = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+wait_for_start()
 store = open_store(storage=storage or None)
 for n in range(writes):
     record = {"writer": writer, "n": n, "samples_per_s": float(n), "pad": "x" * payload}
@@ -386,40 +383,11 @@ store.close()
 )
 
 
-def _run_writers(tmp_path: Path, storage: str, writers: int, writes: int, payload: int) -> None:
-    """Start ``writers`` real processes that put at the same moment, and wait for all of them."""
-    go = tmp_path / "go"
-    logs = [tmp_path / f"writer-{i}.log" for i in range(writers)]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for i, log in enumerate(logs):
-            with open(log, "wb") as out:
-                args = [storage, str(i), str(go), str(writes), str(payload)]
-                procs.append(
-                    subprocess.Popen([sys.executable, "-c", WRITER_CODE, *args], stdout=out, stderr=out)
-                )
-        # Every writer imports first; then all start writing at once.
-        ready = [Path(f"{go}.ready-{i}") for i in range(writers)]
-        deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
-        while not all(p.exists() for p in ready):
-            assert all(proc.poll() is None for proc in procs), "a writer exited before starting"
-            assert time.monotonic() < deadline, "writers never got ready"
-            time.sleep(0.01)
-        go.touch()
-        for proc, log in zip(procs, logs, strict=True):
-            assert proc.wait(timeout=SUBPROCESS_TIMEOUT_S) == 0, log.read_text()
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
 @pytest.mark.parametrize("kind", ["embedded", "sqlite"])
 def test_concurrent_writers_never_corrupt(tmp_path: Path, kind: str) -> None:
     writers, writes, payload = 4, 20, 50_000
     storage = "" if kind == "embedded" else f"sqlite:///{(tmp_path / 'p.db').as_posix()}"
-    _run_writers(tmp_path, storage, writers, writes, payload)
+    run_together(tmp_path, WRITER_CODE, [[storage, str(writes), str(payload)]] * writers)
 
     store = open_store(storage=storage or None)
     written = {(w, n) for w in range(writers) for n in range(writes)}

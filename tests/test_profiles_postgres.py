@@ -11,13 +11,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from together import PRELUDE, run_together
 
 from autotune.profiles import DatabaseProfileStore, open_store, profile_key
 
@@ -63,17 +64,13 @@ def _record(n: int, **extra: Any) -> dict[str, Any]:
     }
 
 
-WRITER_CODE = """
-import os, sys, time, warnings
+WRITER_CODE = PRELUDE + """
+import sys, warnings
 warnings.simplefilter("error")
 from autotune.profiles import open_store
-url, key, writer, go, writes = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+writer, url, key, writes = int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 store = open_store(storage=url)
-open(go + f".ready-{writer}", "w").close()
-deadline = time.monotonic() + 60
-while not os.path.exists(go):
-    assert time.monotonic() < deadline, "never told to start"
-    time.sleep(0.005)
+wait_for_start()
 for n in range(writes):
     assert store.put(key, {"writer": writer, "n": n, "samples_per_s": float(n), "pad": "x" * 20000})
 store.close()
@@ -94,31 +91,8 @@ def test_two_processes_put_same_key_at_once_leave_one_row(
     import sqlalchemy as sa
 
     key, writers, writes = keys[0], 2, 25
-    go = tmp_path / "go"
-    logs = [tmp_path / f"writer-{i}.log" for i in range(writers)]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for i, log in enumerate(logs):
-            with open(log, "wb") as out:
-                args = [pg_url, key, str(i), str(go), str(writes)]
-                procs.append(
-                    subprocess.Popen([sys.executable, "-c", WRITER_CODE, *args], stdout=out, stderr=out)
-                )
-        # Both connect first, then write at the same moment.
-        ready = [Path(f"{go}.ready-{i}") for i in range(writers)]
-        deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
-        while not all(p.exists() for p in ready):
-            assert all(proc.poll() is None for proc in procs), [log.read_text() for log in logs]
-            assert time.monotonic() < deadline, "writers never got ready"
-            time.sleep(0.01)
-        go.touch()
-        for proc, log in zip(procs, logs, strict=True):
-            assert proc.wait(timeout=SUBPROCESS_TIMEOUT_S) == 0, log.read_text()
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    # Both connect first, then write at the same moment.
+    run_together(tmp_path, WRITER_CODE, [[pg_url, key, str(writes)]] * writers)
 
     engine = sa.create_engine(store.study_storage_url())
     try:
@@ -172,9 +146,36 @@ def test_study_storage_is_the_same_database(store: DatabaseProfileStore) -> None
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = f"autotune-test-{uuid.uuid4().hex[:12]}"
-    study = optuna.create_study(storage=store.study_storage_url(), study_name=name)
+    storage = optuna.storages.RDBStorage(store.study_storage_url())
+    study = optuna.create_study(storage=storage, study_name=name)
     try:
         study.optimize(lambda t: t.suggest_int("w", 0, 4), n_trials=2)
-        assert len(optuna.load_study(study_name=name, storage=store.study_storage_url()).trials) == 2
+        assert len(optuna.load_study(study_name=name, storage=storage).trials) == 2
     finally:
-        optuna.delete_study(study_name=name, storage=store.study_storage_url())
+        optuna.delete_study(study_name=name, storage=storage)
+        storage.engine.dispose()  # close the pooled connections now, not at garbage collection
+
+
+class _Tiny(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int):
+        return torch.full((4,), float(i)), i % 2
+
+
+def test_tune_loader_keeps_profile_and_study_in_the_database(
+    store: DatabaseProfileStore, pg_url: str
+) -> None:
+    from autotune import tune_loader
+
+    kwargs = {"batch_size": 16, "budget_s": 4, "progress": False, "max_workers": 1,
+              "pretransform": "none", "storage": pg_url}
+    first = tune_loader(_Tiny(), retune=True, **kwargs)
+    try:
+        assert not first.from_cache and first.key is not None
+        assert first.storage_url == store.study_storage_url() and first.study_name
+        second = tune_loader(_Tiny(), **kwargs)
+        assert second.from_cache and second.loader_kwargs == first.loader_kwargs
+    finally:
+        store.delete(first.key)
