@@ -5,21 +5,31 @@ from __future__ import annotations
 import json
 import logging
 import math
+import multiprocessing
 import os
+import pickle
 import time
+import types
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psutil
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from . import distributed, profiles
 from . import pretransform as pt
-from .exceptions import ConfigurationError
+from .exceptions import AutotuneWarning, ConfigurationError
 from .machine import detect_machine
-from .measure import MeasureLimits, measure, process_memory, quiet_worker_warning
+from .measure import (
+    DEFAULT_BATCH_TIMEOUT_S,
+    MeasureLimits,
+    measure,
+    process_memory,
+    quiet_worker_warning,
+)
 from .progress import Progress
 from .space import Candidate, build_space
 from .study import SearchSettings, TrialRecord, run_search
@@ -37,6 +47,9 @@ MEMORY_BUDGET_FRACTION = 0.5
 
 CACHE_BUDGET_FRACTION = 0.25
 """Share of available RAM (or accelerator memory) a pre-transform cache may take."""
+
+MAX_BUILD_FRACTION = 0.25
+"""A pre-transform cache whose estimated build takes more of the budget than this is not tried."""
 
 WINDOW_S_PER_BUDGET_S = 1.0 / 60.0
 """Each candidate's steady-state window is this share of the budget (1 s for the default minute)."""
@@ -221,6 +234,106 @@ def _resolve_pretransforms(pretransform: str | Sequence[str]) -> tuple[str, ...]
     return tuple(dict.fromkeys(names))
 
 
+def _check_callable(name: str, value: Any, fix: str) -> None:
+    if value is not None and not callable(value):
+        raise ConfigurationError(f"{name}={value!r} is not callable; {fix}")
+
+
+def _describe_sample(sample: Any, depth: int = 0) -> str:
+    """A sample's structure for a message: ``(tensor[3, 32, 32] float32, int)``."""
+    if isinstance(sample, torch.Tensor):
+        dims = ", ".join(str(d) for d in sample.shape)
+        return f"tensor[{dims}] {str(sample.dtype).removeprefix('torch.')}"
+    if depth < 3 and isinstance(sample, tuple | list):
+        inner = ", ".join(_describe_sample(v, depth + 1) for v in sample[:8])
+        return f"({inner})" if isinstance(sample, tuple) else f"[{inner}]"
+    if depth < 3 and isinstance(sample, dict):
+        inner = ", ".join(f"{k!r}: {_describe_sample(v, depth + 1)}" for k, v in list(sample.items())[:8])
+        return f"{{{inner}}}"
+    return type(sample).__name__
+
+
+def _check_collates(dataset: Any, n: int | None, batch_size: Any) -> None:
+    """Collate two samples as a DataLoader would, so a dataset that cannot be batched fails now, with
+    the shapes in the message, rather than under every candidate."""
+    if n is None or n < 2 or isinstance(dataset, IterableDataset):
+        return  # a stream is not read ahead of the search (it may be unbounded or one-shot)
+    sizes = [batch_size] if isinstance(batch_size, int) else list(batch_size or [2])
+    if all(isinstance(b, int) and b <= 1 for b in sizes):
+        return  # batches of one never stack two samples
+    last = n - 1
+    try:
+        samples = [dataset[0], dataset[last]]
+    except Exception as err:
+        err.add_note(f"autotune: raised while reading dataset[0] and dataset[{last}] before tuning.")
+        raise
+    try:
+        default_collate(samples)
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ConfigurationError(
+            f"samples of {type(dataset).__name__} cannot be batched by default_collate: dataset[0] is"
+            f" {_describe_sample(samples[0])} and dataset[{last}] is {_describe_sample(samples[1])}"
+            f" ({type(err).__name__}: {first}); pass collate_fn= that pads or packs them (for"
+            " sequences, torch.nn.utils.rnn.pad_sequence), give every sample the same shape and types,"
+            " or use batch_size=1."
+        ) from err
+
+
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+class _StructurePickler(pickle.Pickler):
+    """Pickles everything but array data: whether a dataset can be pickled, without copying it."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor | torch.UntypedStorage | torch.TypedStorage):
+            return (tuple, ())
+        if type(obj).__module__ == "numpy" and type(obj).__name__ == "ndarray":
+            return (tuple, ())
+        return NotImplemented
+
+
+def _start_method() -> str:
+    """The start method DataLoader workers will use, without fixing the process-wide default."""
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+
+
+def _unpicklable_reason(dataset: Any, collate_fn: Any) -> str | None:
+    """Why workers cannot receive the dataset (or collate_fn) under a start method that pickles them."""
+    method = _start_method()
+    if method == "fork":
+        return None  # forked workers inherit the objects; nothing is pickled
+    for name, obj in (("dataset", dataset), ("collate_fn", collate_fn)):
+        if obj is None:
+            continue
+        try:
+            _StructurePickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+        except Exception as err:  # noqa: BLE001 - TypeError, AttributeError, PicklingError, ...
+            what = f"dataset of type {type(obj).__name__}" if name == "dataset" else f"collate_fn={obj!r}"
+            return (
+                f"{what} cannot be pickled ({type(err).__name__}: {err}); only num_workers=0 is"
+                f" searched, because the {method!r} start method sends it pickled to every worker"
+                " process. Make it picklable (no locks, lambdas or open files as attributes), or use"
+                " multiprocessing.set_start_method('fork') where the platform has it."
+            )
+    return None
+
+
+def _shards_by_worker(dataset: Any) -> bool:
+    """Whether the dataset's ``__iter__`` calls ``get_worker_info`` (a heuristic: it reads the code)."""
+    codes = [getattr(getattr(type(dataset), "__iter__", None), "__code__", None)]
+    while codes:
+        code = codes.pop()
+        if isinstance(code, types.CodeType):
+            if "get_worker_info" in code.co_names:
+                return True
+            codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return False
+
+
 def tune_loader(
     dataset: Any,
     step: Callable[[Any], Any] | None = None,
@@ -236,6 +349,7 @@ def tune_loader(
     pretransform: str | Sequence[str] = "auto",
     max_workers: int | None = None,
     memory_budget_bytes: int | None = None,
+    batch_timeout_s: float | None = None,
     shuffle: bool = True,
     collate_fn: Callable[[Any], Any] | None = None,
     seed: int = 0,
@@ -261,6 +375,8 @@ def tune_loader(
         max_workers: an upper bound on ``num_workers`` below the machine-derived one.
         memory_budget_bytes: ceiling on the memory of this process plus its workers during a trial
             (default: what it uses now plus half the available RAM).
+        batch_timeout_s: a candidate whose next batch takes longer than this has hung and fails
+            (default: ``measure.DEFAULT_BATCH_TIMEOUT_S``).
         shuffle, collate_fn: as for the DataLoader you will build.
         seed: seeds the sampler and the shuffling, so a search can be repeated.
         progress: show a progress line on stderr.
@@ -275,6 +391,13 @@ def tune_loader(
         )
     dev = _resolve_device(device)
     strategies = _resolve_pretransforms(pretransform)
+    _check_callable("step", step, "pass a function that takes a batch (your training step), or None.")
+    _check_callable("collate_fn", collate_fn, "pass a function that takes a list of samples, or None.")
+    batch_timeout = DEFAULT_BATCH_TIMEOUT_S if batch_timeout_s is None else _check_number(
+        "batch_timeout_s", batch_timeout_s, minimum=0,
+        fix="give the longest a single batch may take, in seconds, or None for the default.")
+    if collate_fn is None:
+        _check_collates(dataset, n, batch_size)
     machine = detect_machine()
     iterable = isinstance(dataset, IterableDataset)
     ctx = distributed.context(budget)
@@ -318,9 +441,22 @@ def tune_loader(
             " (_share_filename_: only available on CPU); only num_workers=0 is searched"
         )
         log.info("autotune: %s", excluded["num_workers>0"])
+    if max_workers != 0 and (why := _unpicklable_reason(dataset, collate_fn)) is not None:
+        max_workers = 0
+        excluded["num_workers>0"] = why
+        warnings.warn(why, AutotuneWarning, stacklevel=2)
+    if iterable and max_workers != 0 and not _shards_by_worker(dataset):
+        warnings.warn(
+            f"{type(dataset).__name__} is an IterableDataset whose __iter__ does not seem to shard the"
+            " stream: with num_workers > 0 each worker replays all of it, so every sample comes"
+            " num_workers times and the measured speed counts the copies. Shard it in __iter__ with"
+            " torch.utils.data.get_worker_info(), or pass max_workers=0.",
+            AutotuneWarning, stacklevel=2,
+        )
 
     avail = psutil.virtual_memory().available
-    reasons = pt.strategies(
+    # Only "none" asked for: nothing to plan, and the probes would read samples for nothing.
+    reasons: dict[str, str | None] = {"none": None} if strategies == ("none",) else pt.strategies(
         dataset,
         cuda=dev.type == "cuda",
         memory_budget_bytes=int(CACHE_BUDGET_FRACTION * avail),
@@ -329,6 +465,16 @@ def tune_loader(
             if machine.accelerator_memory_bytes else None
         ),
     )
+    build_s = pt.estimate_build_s(dataset) if any(
+        reasons.get(s) is None for s in strategies if s != "none") else None
+    if build_s is not None and build_s > MAX_BUILD_FRACTION * budget:
+        for s in strategies:
+            if s != "none" and reasons.get(s) is None:
+                reasons[s] = (
+                    f"building the cache would take ~{build_s:.0f} s (estimated from a few samples),"
+                    f" more than {MAX_BUILD_FRACTION:.0%} of budget_s={budget:g}; raise budget_s so"
+                    " the search can afford to try it"
+                )
     usable = tuple(s for s in strategies if reasons.get(s, "unknown strategy") is None) or ("none",)
     refused = {s: r for s in strategies if (r := reasons.get(s)) is not None}
     if dev.type != "cuda":
@@ -347,7 +493,7 @@ def tune_loader(
             "memory_budget_bytes", memory_budget_bytes, minimum=0,
             fix="give a positive number of bytes, or None for half the available RAM."))
     limits = MeasureLimits(window_s=window, memory_limit_bytes=memory_limit,
-                           trial_timeout_s=max(budget, 1.0))
+                           trial_timeout_s=max(budget, 1.0), batch_timeout_s=batch_timeout)
     settings = SearchSettings(
         budget_s=budget, epochs=epochs, dataset_len=n, device=dev, limits=limits, seed=seed,
         shuffle=shuffle and not iterable, collate_fn=collate_fn, usable_cpus=machine.usable_cpus,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import pickle
 import signal
 import statistics
 import threading
@@ -259,7 +260,8 @@ class _Watchdog(threading.Thread):
                 if p.pid not in self.before:
                     with contextlib.suppress(psutil.Error):
                         p.kill()
-        if self.interrupt and _INTERRUPT_SIGNAL is not None and self.main_ident is not None:
+        stopping = self._stop_event.is_set()  # the main thread is already shutting the trial down
+        if self.interrupt and not stopping and _INTERRUPT_SIGNAL is not None and self.main_ident is not None:
             with contextlib.suppress(OSError, ValueError):
                 signal.pthread_kill(self.main_ident, _INTERRUPT_SIGNAL)
 
@@ -345,7 +347,95 @@ def quiet_worker_warning() -> Iterator[None]:
     """Silence PyTorch's too-many-workers warning: the search decides that by measuring."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
+        # Raised as WorkerFailed by ``_start``, with the fix; the generic warning would only repeat it.
+        warnings.filterwarnings("ignore", message="Got pickle error when attempting to start a worker")
         yield
+
+
+def _start(loader: Any, candidate: Candidate) -> Any:
+    """``iter(loader)``; a dataset that cannot be sent to spawned workers fails the candidate."""
+    try:
+        with quiet_worker_warning():
+            return iter(loader)
+    except (TypeError, AttributeError, pickle.PicklingError) as err:
+        if candidate.num_workers == 0 or "pickle" not in str(err).lower():
+            raise
+        raise WorkerFailed(
+            f"the dataset or collate_fn could not be sent to the worker processes, which receive them"
+            f" pickled under this start method: {type(err).__name__}: {err}; make them picklable,"
+            " or use num_workers=0"
+        ) from err
+
+
+# NOTE [ Shut-down under signals ]
+# PyTorch installs a SIGCHLD handler that raises a RuntimeError in the main thread, wherever it is, when
+# a worker of a live iterator exits abnormally. A worker that crashes, or that the watchdog kills, can
+# therefore raise inside the shut-down itself, and again for every other worker that exits meanwhile.
+# So the shut-down first takes the trial's workers off that handler's list, then runs each step to
+# completion, retrying one a signal cut short, and errors are classified only afterwards.
+
+
+def _unregister_workers(iterators: tuple[Any, ...]) -> None:
+    """Stop PyTorch's SIGCHLD handler from raising for these iterators' workers (see the NOTE)."""
+    from torch.utils.data._utils import signal_handling
+
+    for it in iterators:
+        if getattr(it, "_worker_pids_set", False):
+            with contextlib.suppress(Exception):
+                signal_handling._remove_worker_pids(id(it))
+                it._worker_pids_set = False
+
+
+def _cleanup(watchdog: _Watchdog, iterator: Any, loader: Any, before: set[int]) -> None:
+    steps: tuple[Callable[[], Any], ...] = (
+        watchdog.stop,
+        lambda: _shutdown(iterator, loader),
+        lambda: reap_new_children(before),
+    )
+    for action in steps:
+        for _ in range(3):
+            try:
+                action()
+                break
+            except Exception as err:  # noqa: BLE001 - see NOTE [ Shut-down under signals ]
+                log.debug("shut-down step interrupted by %s: %s; retrying", type(err).__name__, err)
+
+
+_STOPPED_BY_SHUTDOWN = {-signal.SIGTERM, -signal.SIGKILL}
+"""Exit codes of workers that the shut-down itself ended (terminated, then killed)."""
+
+
+def _dead_workers(iterators: tuple[Any, ...], *, after_shutdown: bool = False) -> list[tuple[int, int]]:
+    """(pid, exit code) of every worker of the trial's iterators that ended abnormally.
+
+    Looked at before the shut-down and, since a crash can be seen (a closed pipe) before its exit
+    status is, again after it, not counting the workers the shut-down ended itself.
+    """
+    dead: dict[int, int] = {}
+    for it in iterators:
+        for w in getattr(it, "_workers", None) or ():
+            with contextlib.suppress(Exception):
+                code = w.exitcode
+                if code and not (after_shutdown and code in _STOPPED_BY_SHUTDOWN):
+                    dead[w.pid] = code
+    return list(dead.items())
+
+
+def _worker_death(dead: list[tuple[int, int]]) -> WorkerFailed | None:
+    if not dead:
+        return None
+    pid, code = dead[0]
+    if code < 0:
+        try:
+            how = f"was killed by signal {signal.Signals(-code).name} ({signal.strsignal(-code)})"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited unexpectedly with exit code {code}"
+    return WorkerFailed(
+        f"DataLoader worker (pid {pid}) {how}: the dataset, or a library it calls, crashed or exited"
+        " in a worker process; run it with num_workers=0 to see the error"
+    )
 
 
 def _shutdown(iterator: Any, loader: Any) -> None:
@@ -403,37 +493,46 @@ def measure(
         arm = stack.enter_context(_interruptible())
         watchdog = _Watchdog(limits, before, interrupt=arm.possible)
         watchdog.start()
+        # Runs before the signal handler is restored even if the shut-down below is cut short: a
+        # watchdog left running could signal a process that no longer handles the signal.
+        stack.callback(watchdog.stop)
+        dead: list[tuple[int, int]] = []
         try:
-            # Inside the guard: building a pre-transform cache counts against the trial's limits.
-            prepared = pt.prepare(dataset, candidate.pretransform, device=device)
-            loader = make_loader(
-                dataset,
-                candidate,
-                device=device,
-                shuffle=shuffle,
-                collate_fn=collate_fn,
-                seed=seed,
-                batch_timeout_s=limits.batch_timeout_s,
-            )
-            result = _run(loader, holder, candidate, step, device, limits, watchdog, progress, cuda)
+            try:
+                # Inside the guard: building a pre-transform cache counts against the trial's limits.
+                prepared = pt.prepare(dataset, candidate.pretransform, device=device)
+                loader = make_loader(
+                    dataset,
+                    candidate,
+                    device=device,
+                    shuffle=shuffle,
+                    collate_fn=collate_fn,
+                    seed=seed,
+                    batch_timeout_s=limits.batch_timeout_s,
+                )
+                result = _run(loader, holder, candidate, step, device, limits, watchdog, progress, cuda)
+            finally:
+                # Disarm first: a late signal must not cut the shut-down short.
+                arm.armed = False
+                iterators = (holder.get("iterator"), getattr(loader, "_iterator", None))
+                _unregister_workers(iterators)
+                dead = _dead_workers(iterators)
+                _cleanup(watchdog, holder.get("iterator"), loader, before)
+                dead = dead or _dead_workers(iterators, after_shutdown=True)
         except _Interrupted as err:
             failure = watchdog.failure or TrialTimeout("the trial was interrupted")
             raise failure from err
         except CandidateError:
             raise
         except Exception as err:
+            # Classified after the shut-down (see NOTE [ Shut-down under signals ]): a dead worker
+            # surfaces as whatever broke first (a RuntimeError, a reset connection), so look at them.
             if watchdog.failure is not None:
                 raise watchdog.failure from err
-            mapped = _map_loader_error(err)
+            mapped = _worker_death(dead) or _map_loader_error(err)
             if mapped is not None:
                 raise mapped from err
             raise
-        finally:
-            # Disarm first: a late signal must not cut the shut-down short.
-            arm.armed = False
-            watchdog.stop()
-            _shutdown(holder.get("iterator"), loader)
-            reap_new_children(before)
         if watchdog.failure is not None:
             raise watchdog.failure
     assert prepared is not None
@@ -463,8 +562,7 @@ def _run(
         return step(batch) if step is not None else None
 
     t0 = time.perf_counter()
-    with quiet_worker_warning():
-        iterator = holder["iterator"] = iter(loader)
+    iterator = holder["iterator"] = _start(loader, candidate)
     first = next(iterator)
     startup_s = time.perf_counter() - t0
     watchdog.progress()
@@ -483,8 +581,7 @@ def _run(
             return next(iterator)
         except StopIteration:
             # A new epoch inside the window: its start-up counts as waiting, as it does in training.
-            with quiet_worker_warning():
-                iterator = holder["iterator"] = iter(loader)
+            iterator = holder["iterator"] = _start(loader, candidate)
             return next(iterator)
 
     warm_start = time.perf_counter()
