@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate
 from . import distributed, profiles
 from . import pretransform as pt
 from .exceptions import AutotuneWarning, ConfigurationError
-from .machine import detect_machine
+from .machine import MachineInfo, detect_machine
 from .measure import (
     DEFAULT_BATCH_TIMEOUT_S,
     MeasureLimits,
@@ -63,10 +63,12 @@ PRETRANSFORM_CHOICES = ("auto", *pt.STRATEGIES)
 class TuneResult:
     """The best DataLoader configuration found, with the evidence for it.
 
-    ``samples_per_s``, ``busy`` and ``wait_fraction`` are medians over the winner's measurements;
-    ``speedup`` is its throughput over PyTorch's defaults measured in the same run (``None`` when the
-    defaults could not be measured). ``torch_threads`` is the main-process thread count the winner
-    was measured with: apply it with ``torch.set_num_threads`` (``None``: leave it as it is).
+    ``samples_per_s``, ``busy`` and ``wait_fraction`` are medians over the winner's measurements.
+    ``speedup`` is how much faster a training run of ``epochs`` epochs goes than with PyTorch's
+    defaults measured in the same run, start-up and any pre-transform build included (NOTE [ Score ]
+    in study.py); ``throughput_speedup`` is the same ratio for steady-state samples/s alone. Both are
+    ``None`` when the defaults could not be measured. ``torch_threads`` is the main-process thread
+    count the winner was measured with: apply it with ``torch.set_num_threads`` (``None``: leave it).
     """
 
     loader_kwargs: dict[str, Any]
@@ -76,6 +78,7 @@ class TuneResult:
     busy: float = 0.0
     wait_fraction: float = 0.0
     speedup: float | None = None
+    throughput_speedup: float | None = None
     baseline_samples_per_s: float | None = None
     baseline_busy: float | None = None
     baseline_wait_fraction: float | None = None
@@ -334,6 +337,63 @@ def _shards_by_worker(dataset: Any) -> bool:
     return False
 
 
+def pretransform_choices(
+    dataset: Any, requested: Sequence[str], *, device: torch.device, machine: MachineInfo,
+    budget_s: float,
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(strategies the search may use, {refused strategy: reason}) for ``dataset``.
+
+    A strategy is refused when the dataset cannot be cached, when the cache would not fit
+    CACHE_BUDGET_FRACTION of the free memory, or when its estimated build would take more than
+    MAX_BUILD_FRACTION of the budget.
+    """
+    # Only "none" asked for: nothing to plan, and the probes would read samples for nothing.
+    reasons: dict[str, str | None] = {"none": None} if tuple(requested) == ("none",) else pt.strategies(
+        dataset,
+        cuda=device.type == "cuda",
+        memory_budget_bytes=int(CACHE_BUDGET_FRACTION * psutil.virtual_memory().available),
+        device_memory_budget_bytes=(
+            int(CACHE_BUDGET_FRACTION * machine.accelerator_memory_bytes)
+            if machine.accelerator_memory_bytes else None
+        ),
+    )
+    build_s = pt.estimate_build_s(dataset) if any(
+        reasons.get(s) is None for s in requested if s != "none") else None
+    if build_s is not None and build_s > MAX_BUILD_FRACTION * budget_s:
+        for s in requested:
+            if s != "none" and reasons.get(s) is None:
+                reasons[s] = (
+                    f"building the cache would take ~{build_s:.0f} s (estimated from a few samples),"
+                    f" more than {MAX_BUILD_FRACTION:.0%} of budget_s={budget_s:g}; raise budget_s so"
+                    " the search can afford to try it"
+                )
+    usable = tuple(s for s in requested if reasons.get(s, "unknown strategy") is None) or ("none",)
+    refused = {s: r for s in requested if (r := reasons.get(s)) is not None}
+    if device.type != "cuda":
+        refused.pop("device", None)  # not a refusal: the strategy does not exist without CUDA
+    return usable, refused
+
+
+def measure_limits(
+    budget_s: float, *, memory_budget_bytes: int | None = None, batch_timeout_s: float | None = None,
+    local_world_size: int = 1,
+) -> MeasureLimits:
+    """The limits every candidate of a ``budget_s`` search is measured with.
+
+    The window is WINDOW_S_PER_BUDGET_S of the budget (within MIN_WINDOW_S..MAX_WINDOW_S); the
+    memory ceiling is what this process uses now plus MEMORY_BUDGET_FRACTION of the free RAM, shared
+    by the ranks on the node, unless ``memory_budget_bytes`` gives it.
+    """
+    window = min(MAX_WINDOW_S, max(MIN_WINDOW_S, budget_s * WINDOW_S_PER_BUDGET_S))
+    if memory_budget_bytes is None:
+        avail = psutil.virtual_memory().available
+        memory_budget_bytes = process_memory() + int(MEMORY_BUDGET_FRACTION * avail / local_world_size)
+    return MeasureLimits(
+        window_s=window, memory_limit_bytes=memory_budget_bytes, trial_timeout_s=max(budget_s, 1.0),
+        batch_timeout_s=DEFAULT_BATCH_TIMEOUT_S if batch_timeout_s is None else batch_timeout_s,
+    )
+
+
 def tune_loader(
     dataset: Any,
     step: Callable[[Any], Any] | None = None,
@@ -454,46 +514,20 @@ def tune_loader(
             AutotuneWarning, stacklevel=2,
         )
 
-    avail = psutil.virtual_memory().available
-    # Only "none" asked for: nothing to plan, and the probes would read samples for nothing.
-    reasons: dict[str, str | None] = {"none": None} if strategies == ("none",) else pt.strategies(
-        dataset,
-        cuda=dev.type == "cuda",
-        memory_budget_bytes=int(CACHE_BUDGET_FRACTION * avail),
-        device_memory_budget_bytes=(
-            int(CACHE_BUDGET_FRACTION * machine.accelerator_memory_bytes)
-            if machine.accelerator_memory_bytes else None
-        ),
-    )
-    build_s = pt.estimate_build_s(dataset) if any(
-        reasons.get(s) is None for s in strategies if s != "none") else None
-    if build_s is not None and build_s > MAX_BUILD_FRACTION * budget:
-        for s in strategies:
-            if s != "none" and reasons.get(s) is None:
-                reasons[s] = (
-                    f"building the cache would take ~{build_s:.0f} s (estimated from a few samples),"
-                    f" more than {MAX_BUILD_FRACTION:.0%} of budget_s={budget:g}; raise budget_s so"
-                    " the search can afford to try it"
-                )
-    usable = tuple(s for s in strategies if reasons.get(s, "unknown strategy") is None) or ("none",)
-    refused = {s: r for s in strategies if (r := reasons.get(s)) is not None}
-    if dev.type != "cuda":
-        refused.pop("device", None)  # not a refusal: the strategy does not exist without CUDA
+    usable, refused = pretransform_choices(dataset, strategies, device=dev, machine=machine,
+                                           budget_s=budget)
     space = build_space(
         machine, batch_size=batch_size, dataset_len=n, cuda=dev.type == "cuda",
         pretransforms=usable, max_workers=max_workers, excluded=excluded, epochs=epochs,
         local_world_size=local_ranks,
     )
 
-    window = min(MAX_WINDOW_S, max(MIN_WINDOW_S, budget * WINDOW_S_PER_BUDGET_S))
-    if memory_budget_bytes is None:
-        memory_limit = process_memory() + int(MEMORY_BUDGET_FRACTION * avail / local_ranks)
-    else:
-        memory_limit = int(_check_number(
+    if memory_budget_bytes is not None:
+        memory_budget_bytes = int(_check_number(
             "memory_budget_bytes", memory_budget_bytes, minimum=0,
             fix="give a positive number of bytes, or None for half the available RAM."))
-    limits = MeasureLimits(window_s=window, memory_limit_bytes=memory_limit,
-                           trial_timeout_s=max(budget, 1.0), batch_timeout_s=batch_timeout)
+    limits = measure_limits(budget, memory_budget_bytes=memory_budget_bytes,
+                            batch_timeout_s=batch_timeout, local_world_size=local_ranks)
     settings = SearchSettings(
         budget_s=budget, epochs=epochs, dataset_len=n, device=dev, limits=limits, seed=seed,
         shuffle=shuffle and not iterable, collate_fn=collate_fn, usable_cpus=machine.usable_cpus,
@@ -521,6 +555,9 @@ def tune_loader(
         busy=best.busy,
         wait_fraction=best.wait_fraction,
         speedup=outcome.speedup,
+        throughput_speedup=(
+            best.samples_per_s / base.samples_per_s if base and base.samples_per_s else None
+        ),
         baseline_samples_per_s=base.samples_per_s if base else None,
         baseline_busy=base.busy if base else None,
         baseline_wait_fraction=base.wait_fraction if base else None,

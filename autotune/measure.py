@@ -76,7 +76,8 @@ class MeasureLimits:
 
     window_s: float = DEFAULT_WINDOW_S
     min_batches: int = 5
-    max_batches: int = 500
+    max_batches: int = 100_000
+    """A guard only: windows end by time, so a very fast loader still gets a window of window_s."""
     batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     memory_limit_bytes: int | None = None

@@ -193,9 +193,17 @@ def summary_text(result: TuneResult) -> str:
     basis = f"median of {n} measurement{'s' if n != 1 else ''}" if n else "stored figures"
     lines.append(f"Throughput:  {result.samples_per_s:,.0f} samples/s ({basis}, spread {result.spread:.0%})")
     if result.speedup is not None and result.baseline_samples_per_s is not None:
+        steady = (
+            f"; {result.throughput_speedup:.2f}x in steady-state samples/s"
+            if result.throughput_speedup is not None else ""
+        )
         lines.append(
-            f"Speed-up:    {result.speedup:.2f}x over PyTorch's defaults"
-            f" ({result.baseline_samples_per_s:,.0f} samples/s, measured in the same run)"
+            f"Speed-up:    {result.speedup:.2f}x over PyTorch's defaults for {result.epochs} epochs,"
+            f" start-up and cache build included{steady}"
+        )
+        lines.append(
+            f"             (defaults: {result.baseline_samples_per_s:,.0f} samples/s, measured in"
+            " the same run)"
         )
     else:
         lines.append("Speed-up:    not known (PyTorch's defaults could not be measured)")

@@ -8,7 +8,9 @@
 #    measured for real; a failing candidate becomes a failed trial with its reason and the search goes
 #    on. A candidate whose running throughput falls below PRUNE_RATIO of the best so far is pruned.
 #    An out-of-memory error at a batch size makes that batch size and larger ones infeasible.
-# 3. The last FINAL_FRACTION of the budget re-measures the finalists (the best few, plus the baseline)
+#    The search stops early once PATIENCE candidates in a row after the warm starts brought no better
+#    score: the budget is a ceiling, not a target.
+# 3. At most FINAL_FRACTION of the budget re-measures the finalists (the best few, plus the baseline)
 #    in interleaved rounds; each one's figures are the medians over its measurements, the winner has the
 #    best median score, and among candidates within TIE_TOLERANCE of it the one with fewer workers and
 #    less memory wins. The speed-up is the winner's median throughput over the baseline's, both taken
@@ -52,6 +54,13 @@ FINALISTS = 3
 
 MAX_FINAL_ROUNDS = 5
 """Re-measurement rounds at most; more only narrows an already small spread."""
+
+MIN_FINAL_ROUNDS = 2
+"""Re-measurement rounds the finalists get whenever the budget leaves room for them."""
+
+PATIENCE = 10
+"""Searched candidates in a row without a better score (by TIE_TOLERANCE) after which the search
+has converged and stops early, leaving the rest of the budget unspent."""
 
 PRUNE_RATIO = 0.5
 """A candidate running below this fraction of the best throughput so far is stopped early."""
@@ -355,7 +364,13 @@ class _Search:
             for c in warm_starts(self.space, self.s.usable_cpus):
                 study.enqueue_trial(params_of(c, self.space), skip_if_exists=True)
             idle = 0
+            warm = len(warm_starts(self.space, self.s.usable_cpus))
+            tried = 0  # searched candidates, repeats not counted
+            best, best_at = self.best_score, 0
             while idle < MAX_IDLE_PROPOSALS and self.left() - final_reserve > self.expected_trial_s():
+                if tried > warm and tried - best_at >= PATIENCE:
+                    log.info("search converged after %d candidates; stopping early", tried)
+                    break
                 trial = study.ask()
                 c = suggest(trial, self.space)
                 trial.set_user_attr("candidate", c.label())
@@ -369,7 +384,16 @@ class _Search:
                 def report(batches: int, sps: float, _t: optuna.Trial = trial) -> None:
                     _t.report(sps, batches)
 
-                rec = self.run(c, "search", report)
+                try:
+                    rec = self.run(c, "search", report)
+                except BaseException:
+                    # Ctrl-C or the user's own fatal error: the stored trial must not stay RUNNING.
+                    with contextlib.suppress(Exception):
+                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    raise
+                tried += 1
+                if self.best_score > best * (1.0 + TIE_TOLERANCE):
+                    best, best_at = self.best_score, tried
                 trial.set_user_attr("state", rec.state)
                 if rec.reason:
                     trial.set_user_attr("reason", rec.reason)
@@ -394,7 +418,7 @@ class _Search:
         storage: optuna.storages.RDBStorage | None = None
         if self.s.storage_url is not None:
             try:
-                storage = optuna.storages.RDBStorage(self.s.storage_url)
+                storage = _rdb_storage(self.s.storage_url)
                 study = optuna.create_study(
                     direction="maximize", sampler=sampler, storage=storage,
                     study_name=self.s.study_name, load_if_exists=False,
@@ -445,9 +469,13 @@ class _Search:
             cost = {c: statistics.median(r.duration_s for r in self.by_candidate[c]) for c in finalists}
             first = [finalists[0], *([baseline] if baseline in cost else []), *finalists[1:]]
             first = list(dict.fromkeys(first))
+            final_started = time.monotonic()
             for r in range(MAX_FINAL_ROUNDS):
                 order = first[r % len(first):] + first[:r % len(first)]
                 if r and self.left() < sum(cost.values()):
+                    break
+                used = time.monotonic() - final_started
+                if r >= MIN_FINAL_ROUNDS and used + sum(cost.values()) > FINAL_FRACTION * self.s.budget_s:
                     break
                 for c in order:
                     if self.left() < cost[c]:
@@ -458,7 +486,7 @@ class _Search:
         tied = [s for s in summaries if s.score >= (1.0 - TIE_TOLERANCE) * top]
         best = min(tied, key=lambda s: (s.candidate.num_workers, s.peak_memory_bytes, -s.score))
         base = self.summarize(baseline) if baseline in self.by_candidate else None
-        speedup = (best.samples_per_s / base.samples_per_s) if base and base.samples_per_s else None
+        speedup = (best.score / base.score) if base and base.score else None
         return SearchOutcome(best, base, speedup, tuple(self.records),
                              time.monotonic() - self.started, self.study_name)
 
@@ -480,6 +508,23 @@ class _Search:
             + "; ".join(reasons[:5])
             + ". Raise budget_s, or check the dataset with a plain DataLoader first."
         )
+
+
+STORAGE_ATTEMPTS = 5
+"""Tries at opening a study database that another process is creating at the same moment."""
+
+
+def _rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's storage for ``url``, retried while a concurrent process sets up its schema."""
+    for attempt in range(STORAGE_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except Exception as err:  # noqa: BLE001 - sqlalchemy IntegrityError / OperationalError
+            if attempt == STORAGE_ATTEMPTS - 1 or type(err).__name__ not in (
+                "IntegrityError", "OperationalError"):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def run_search(dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpace,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,11 @@ def _fixtures_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(TESTS))
 
 
+def _flat(text: str) -> str:
+    """The printed code on one line, however the summary wrapped it."""
+    return re.sub(r"\s+", " ", re.sub(r"\(\s+", "(", text))
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -57,7 +63,7 @@ def test_tune_prints_the_table_the_settings_and_the_dashboard_line_then_hits_the
     code, out, err = run(capsys, "tune", *QUICK_STEP, "--batch-size", "16")
     assert code == 0, err
     assert "samples/s" in out and "state" in out.splitlines()[0]
-    assert "loader = DataLoader(dataset, batch_size=16, num_workers=" in out
+    assert "loader = DataLoader(dataset, batch_size=16, num_workers=" in _flat(out)
     assert "over PyTorch's defaults" in out
     assert "optuna-dashboard sqlite:///" in out
     assert "autotune [" in err  # the progress line goes to stderr, never stdout
@@ -297,7 +303,7 @@ def test_profiles_list_show_clear_round_trip(capsys: pytest.CaptureFixture[str],
     assert code == 0
     assert "Machine:" in out and "cpu_model" in out and "usable_cpus" in out
     assert "Workload:" in out and "CIFAR10Like" in out
-    assert "loader = DataLoader(dataset, batch_size=" in out
+    assert "loader = DataLoader(dataset, batch_size=" in _flat(out)
     assert "from the stored profile" in out
 
     code, out, _ = run(capsys, "profiles", "show", keys[0], "--json")

@@ -150,7 +150,7 @@ def test_the_summary_says_how_to_apply_threads_pretransform_and_where_it_came_fr
     text = report.summary_text(result)
     assert "torch.set_num_threads(1)" in text
     assert "result.make_loader(dataset" in text and "pretransform='ram'" in text
-    assert "2.49x over PyTorch's defaults (1,025 samples/s" in text
+    assert "2.49x over PyTorch's defaults for" in text and "defaults: 1,025 samples/s" in text
     assert "spread 4%" in text and "median of 2 measurements" in text
     assert result.diagnosis() in text
     cached = report.summary_text(TuneResult.from_dict(result.to_dict(), from_cache=True))
