@@ -339,19 +339,23 @@ def _shards_by_worker(dataset: Any) -> bool:
 
 def pretransform_choices(
     dataset: Any, requested: Sequence[str], *, device: torch.device, machine: MachineInfo,
-    budget_s: float,
+    budget_s: float, memory_budget_bytes: int | None = None,
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """(strategies the search may use, {refused strategy: reason}) for ``dataset``.
 
     A strategy is refused when the dataset cannot be cached, when the cache would not fit
-    CACHE_BUDGET_FRACTION of the free memory, or when its estimated build would take more than
+    CACHE_BUDGET_FRACTION of the free memory (or, with ``memory_budget_bytes``, what that ceiling
+    leaves above this process's memory now), or when its estimated build would take more than
     MAX_BUILD_FRACTION of the budget.
     """
+    ram_budget = int(CACHE_BUDGET_FRACTION * psutil.virtual_memory().available)
+    if memory_budget_bytes is not None:
+        ram_budget = min(ram_budget, max(0, memory_budget_bytes - process_memory()))
     # Only "none" asked for: nothing to plan, and the probes would read samples for nothing.
     reasons: dict[str, str | None] = {"none": None} if tuple(requested) == ("none",) else pt.strategies(
         dataset,
         cuda=device.type == "cuda",
-        memory_budget_bytes=int(CACHE_BUDGET_FRACTION * psutil.virtual_memory().available),
+        memory_budget_bytes=ram_budget,
         device_memory_budget_bytes=(
             int(CACHE_BUDGET_FRACTION * machine.accelerator_memory_bytes)
             if machine.accelerator_memory_bytes else None
@@ -514,18 +518,18 @@ def tune_loader(
             AutotuneWarning, stacklevel=2,
         )
 
+    if memory_budget_bytes is not None:
+        memory_budget_bytes = int(_check_number(
+            "memory_budget_bytes", memory_budget_bytes, minimum=0,
+            fix="give a positive number of bytes, or None for half the available RAM."))
     usable, refused = pretransform_choices(dataset, strategies, device=dev, machine=machine,
-                                           budget_s=budget)
+                                           budget_s=budget, memory_budget_bytes=memory_budget_bytes)
     space = build_space(
         machine, batch_size=batch_size, dataset_len=n, cuda=dev.type == "cuda",
         pretransforms=usable, max_workers=max_workers, excluded=excluded, epochs=epochs,
         local_world_size=local_ranks,
     )
 
-    if memory_budget_bytes is not None:
-        memory_budget_bytes = int(_check_number(
-            "memory_budget_bytes", memory_budget_bytes, minimum=0,
-            fix="give a positive number of bytes, or None for half the available RAM."))
     limits = measure_limits(budget, memory_budget_bytes=memory_budget_bytes,
                             batch_timeout_s=batch_timeout, local_world_size=local_ranks)
     settings = SearchSettings(

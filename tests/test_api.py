@@ -144,3 +144,31 @@ def test_bad_input_is_a_clear_error(dataset, kwargs, match) -> None:
 def test_asking_for_cuda_without_it_is_a_clear_error() -> None:
     with pytest.raises(ConfigurationError, match=r"CUDA is not available on this machine"):
         tune_loader(Remote(64), device="cuda", **QUICK)
+
+
+def test_a_cache_over_the_memory_budget_is_refused_with_its_reason(no_leaked_children) -> None:
+    from autotune.measure import process_memory
+    from autotune.workloads import CIFAR10Like, cifar_train_transform
+
+    # 8,000 normalised 32x32 RGB images need ~94 MiB as float32: more than the 40 MiB left here.
+    data = CIFAR10Like(8000, transform=cifar_train_transform())
+    result = tune_loader(data, batch_size=64, budget_s=4, progress=False, cache=False,
+                         max_workers=0, pretransform=["none", "ram"],
+                         memory_budget_bytes=process_memory() + 40 * 2**20)
+    refused = [t for t in result.trials if t.candidate.pretransform == "ram"]
+    assert refused and all(t.state == "infeasible" for t in refused)
+    assert "over the memory budget" in (refused[0].reason or "")
+    assert result.pretransform == "none"
+
+
+def test_the_cifar_shaped_workload_gets_the_ram_cache(no_leaked_children) -> None:
+    from autotune.workloads import CIFAR10Like, cifar_train_transform
+
+    # Decoding and normalising per sample costs ~10x the cached path's crop and flip: a wide margin.
+    data = CIFAR10Like(2048, transform=cifar_train_transform())
+    result = tune_loader(data, batch_size=64, budget_s=8, progress=False, cache=False, max_workers=1)
+    assert result.pretransform == "ram"
+    assert result.speedup is not None and result.speedup > 1.5
+    loader = result.make_loader(data, shuffle=True)
+    x, y = next(iter(loader))
+    assert x.shape == (64, 3, 32, 32) and y.shape == (64,)
