@@ -237,8 +237,11 @@ def warm_starts(space: SearchSpace, usable_cpus: int) -> list[Candidate]:
             points.append(replace(heuristic, num_workers=workers, prefetch_factor=2,
                                   persistent_workers=space.persistent))
     for strategy in ("ram", "device"):
-        if strategy in space.pretransforms:
-            workers = 0 if strategy == "device" else heuristic.num_workers
+        if strategy not in space.pretransforms:
+            continue
+        # A cache often needs no workers at all (nothing left to compute per sample), and with a
+        # random rest it may still want some: start from both.
+        for workers in sorted({0, 0 if strategy == "device" else heuristic.num_workers}):
             points.append(replace(
                 heuristic, pretransform=strategy, num_workers=workers,
                 prefetch_factor=2 if workers else None,
