@@ -415,6 +415,32 @@ def _validate(record: Any, key: str) -> str | None:
     return None
 
 
+def _decode(
+    data: Any, key: str, where: str, identity: tuple[str, ...], *, row_schema: Any = SCHEMA_VERSION
+) -> dict[str, Any] | None:
+    """A stored record parsed and checked, or ``None`` with a warning (once) saying why not."""
+    try:
+        record = json.loads(data)
+    except (TypeError, ValueError) as err:  # truncated or garbled JSON, bytes that are not UTF-8
+        _warn_once(
+            identity,
+            f"ignoring the corrupt profile {where} ({err}); it will be replaced by the next tuning"
+            f" run, or remove it with `autotune profiles clear`.",
+        )
+        return None
+    reason = _validate(record, key)
+    if reason is None and row_schema != SCHEMA_VERSION:
+        reason = f"its row has schema {row_schema} and this version reads {SCHEMA_VERSION}"
+    if reason is not None:
+        _warn_once(
+            identity,
+            f"ignoring the profile {where}: {reason}. It will be replaced by the next tuning run,"
+            f" or remove it with `autotune profiles clear`.",
+        )
+        return None
+    return record
+
+
 def _user_stacklevel() -> int:
     """The stacklevel that points a warning issued by this module's caller at the user's code."""
     package_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -468,24 +494,7 @@ class EmbeddedProfileStore:
             )
             return None
         identity = ("bad-file", str(path), str(stat.st_mtime_ns), str(stat.st_size))
-        try:
-            record = json.loads(data)
-        except ValueError as err:  # truncated or garbled JSON, or bytes that are not UTF-8
-            _warn_once(
-                identity,
-                f"ignoring the corrupt profile {path} ({err}); it will be replaced by the next tuning"
-                f" run, or remove it with `autotune profiles clear`.",
-            )
-            return None
-        reason = _validate(record, key)
-        if reason is not None:
-            _warn_once(
-                identity,
-                f"ignoring the profile {path}: {reason}. It will be replaced by the next tuning run,"
-                f" or remove it with `autotune profiles clear`.",
-            )
-            return None
-        return record
+        return _decode(data, key, str(path), identity)
 
     def put(self, key: str, record: Mapping[str, Any]) -> bool:
         path = self.path(key)
@@ -747,26 +756,7 @@ class DatabaseProfileStore:
         if row is None:
             return None
         identity = ("bad-row", self.location, key, str(row.updated))
-        try:
-            record = json.loads(row.record)
-        except (TypeError, ValueError) as err:
-            _warn_once(
-                identity,
-                f"ignoring the corrupt profile {key} in {self.location} ({err}); it will be replaced"
-                f" by the next tuning run, or remove it with `autotune profiles clear`.",
-            )
-            return None
-        reason = _validate(record, key)
-        if reason is None and row.schema != SCHEMA_VERSION:
-            reason = f"its row has schema {row.schema} and this version reads {SCHEMA_VERSION}"
-        if reason is not None:
-            _warn_once(
-                identity,
-                f"ignoring the profile {key} in {self.location}: {reason}. It will be replaced by the"
-                f" next tuning run, or remove it with `autotune profiles clear`.",
-            )
-            return None
-        return record
+        return _decode(row.record, key, f"{key} in {self.location}", identity, row_schema=row.schema)
 
     def put(self, key: str, record: Mapping[str, Any]) -> bool:
         sa = self._sa
