@@ -40,7 +40,7 @@ import sys
 import time
 import types
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -415,6 +415,17 @@ def _validate(record: Any, key: str) -> str | None:
     return None
 
 
+def _summaries(store: ProfileStore, keys: Iterable[str]) -> list[dict[str, Any]]:
+    """The readable profiles among ``keys``, newest first (bad entries are skipped with a warning)."""
+    summaries = []
+    for key in keys:
+        record = store.get(key)
+        if record is not None:
+            summaries.append(summarize(record))
+    summaries.sort(key=lambda s: str(s.get("created") or ""), reverse=True)
+    return summaries
+
+
 def _decode(
     data: Any, key: str, where: str, identity: tuple[str, ...], *, row_schema: Any = SCHEMA_VERSION
 ) -> dict[str, Any] | None:
@@ -523,13 +534,7 @@ class EmbeddedProfileStore:
         return True
 
     def list(self) -> builtins.list[dict[str, Any]]:
-        summaries = []
-        for key in self._keys():
-            record = self.get(key)
-            if record is not None:
-                summaries.append(summarize(record))
-        summaries.sort(key=lambda s: str(s.get("created") or ""), reverse=True)
-        return summaries
+        return _summaries(self, self._keys())
 
     def delete(self, key: str) -> bool:
         path = self.path(key)
@@ -829,15 +834,7 @@ class DatabaseProfileStore:
                 keys = [row.key for row in conn.execute(sa.select(self._table.c.key))]
         except sa.exc.SQLAlchemyError as err:
             raise self._error("list the profiles", err) from err
-        summaries = []
-        for key in keys:
-            if not _KEY_RE.match(str(key)):
-                continue
-            record = self.get(key)
-            if record is not None:
-                summaries.append(summarize(record))
-        summaries.sort(key=lambda s: str(s.get("created") or ""), reverse=True)
-        return summaries
+        return _summaries(self, [k for k in keys if _KEY_RE.match(str(k))])
 
     def delete(self, key: str) -> bool:
         sa = self._sa

@@ -364,10 +364,11 @@ class _Search:
         sampler = optuna.samplers.TPESampler(seed=self.s.seed, n_startup_trials=6)
         with _quiet_optuna(), self.open_study(sampler) as study:
             study.set_user_attr("space", _jsonable(self.space.to_dict()))
-            for c in warm_starts(self.space, self.s.usable_cpus):
+            starts = warm_starts(self.space, self.s.usable_cpus)
+            for c in starts:
                 study.enqueue_trial(params_of(c, self.space), skip_if_exists=True)
             idle = 0
-            warm = len(warm_starts(self.space, self.s.usable_cpus))
+            warm = len(starts)
             tried = 0  # searched candidates, repeats not counted
             best, best_at = self.best_score, 0
             while idle < MAX_IDLE_PROPOSALS and self.left() - final_reserve > self.expected_trial_s():
