@@ -24,8 +24,10 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import math
+import os
 import pickle
 import signal
 import statistics
@@ -387,6 +389,45 @@ def _unregister_workers(iterators: tuple[Any, ...]) -> None:
                 it._worker_pids_set = False
 
 
+SHM_DIR = "/dev/shm"
+"""Where POSIX shared memory segments appear as files (Linux)."""
+
+
+def _worker_pids(iterators: tuple[Any, ...]) -> set[int]:
+    pids: set[int] = set()
+    for it in iterators:
+        for w in getattr(it, "_workers", None) or ():
+            with contextlib.suppress(Exception):
+                if w.pid is not None:
+                    pids.add(int(w.pid))
+    return pids
+
+
+def _remove_orphan_segments(pids: set[int]) -> list[str]:
+    """Unlink the shared-memory segments that dead workers created and never got to unlink.
+
+    A worker names a batch's segment ``torch_<pid>_...`` and unlinks it as soon as the main process
+    has it; a worker killed in between (by the memory guard, a crash) leaves it in /dev/shm for good.
+    Only segments of the given pids, all of which have exited, are touched.
+    """
+    removed: list[str] = []
+    if not pids or not os.path.isdir(SHM_DIR):
+        return removed
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                continue  # still running: its segments are in use
+        except psutil.Error:
+            pass  # gone
+        for path in glob.glob(os.path.join(SHM_DIR, f"torch_{pid}_*")):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(os.path.basename(path))
+    if removed:
+        log.info("removed %d shared-memory segment(s) left by dead workers", len(removed))
+    return removed
+
+
 def _cleanup(watchdog: _Watchdog, iterator: Any, loader: Any, before: set[int]) -> None:
     steps: tuple[Callable[[], Any], ...] = (
         watchdog.stop,
@@ -518,8 +559,10 @@ def measure(
                 iterators = (holder.get("iterator"), getattr(loader, "_iterator", None))
                 _unregister_workers(iterators)
                 dead = _dead_workers(iterators)
+                workers = _worker_pids(iterators)
                 _cleanup(watchdog, holder.get("iterator"), loader, before)
                 dead = dead or _dead_workers(iterators, after_shutdown=True)
+                _remove_orphan_segments(workers)
         except _Interrupted as err:
             failure = watchdog.failure or TrialTimeout("the trial was interrupted")
             raise failure from err

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -126,3 +129,24 @@ def test_batches_move_to_the_device_whatever_their_structure() -> None:
     assert moved["meta"] == ["a", "b"] and moved["pair"][1] == 3
     assert batch_length(batch, 99) == 2
     assert batch_length(["a", "b", "c"], 99) == 3
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (Linux)")
+def test_segments_of_dead_workers_are_removed_and_live_ones_kept() -> None:
+    from autotune.measure import SHM_DIR, _remove_orphan_segments
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = os.path.join(SHM_DIR, f"torch_{dead.pid}_12345_1")
+    mine = os.path.join(SHM_DIR, f"torch_{os.getpid()}_12345_1")
+    for path in (orphan, mine):
+        with open(path, "wb") as fh:
+            fh.write(b"x")
+    try:
+        # A worker killed between creating a batch's segment and unlinking it leaves it behind.
+        assert _remove_orphan_segments({dead.pid, os.getpid()}) == [os.path.basename(orphan)]
+        assert not os.path.exists(orphan) and os.path.exists(mine)
+    finally:
+        for path in (orphan, mine):
+            if os.path.exists(path):
+                os.unlink(path)
