@@ -13,7 +13,6 @@ from .exceptions import (
     TrialPruned,
     TrialTimeout,
     TuningFailed,
-    WeakEstimateWarning,
     WorkerFailed,
 )
 from .machine import MachineInfo, detect_machine
@@ -24,14 +23,14 @@ from .study import TrialRecord
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_BUDGET_S",
-    "DEFAULT_EPOCHS",
     "AutotuneError",
     "AutotuneWarning",
     "Candidate",
     "CandidateError",
     "CandidateInfeasible",
     "ConfigurationError",
+    "DEFAULT_BUDGET_S",
+    "DEFAULT_EPOCHS",
     "MachineInfo",
     "MeasureLimits",
     "Measurement",
@@ -44,7 +43,6 @@ __all__ = [
     "TrialTimeout",
     "TuneResult",
     "TuningFailed",
-    "WeakEstimateWarning",
     "WorkerFailed",
     "__version__",
     "detect_machine",

@@ -14,8 +14,7 @@ The tree::
     └── ProfileStoreError                      the profile store could not be read or written
 
     AutotuneWarning (UserWarning)
-    ├── ProfileStoreWarning                    an entry was ignored or could not be written
-    └── WeakEstimateWarning                    a figure rests on too few measurements to be trusted
+    └── ProfileStoreWarning                    an entry was ignored or could not be written
 
 An exception raised by the user's own dataset or step is never wrapped: when it happens under every
 candidate, :func:`autotune.tune_loader` raises that exception itself, with a note naming the candidate.
@@ -70,7 +69,3 @@ class AutotuneWarning(UserWarning):
 
 class ProfileStoreWarning(AutotuneWarning):
     """A stored profile was ignored (corrupt, old schema) or a new one could not be written."""
-
-
-class WeakEstimateWarning(AutotuneWarning):
-    """A reported figure rests on too few measurements to be trusted."""

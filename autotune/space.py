@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .exceptions import ConfigurationError
@@ -290,7 +290,3 @@ def build_space(
         baseline_batch_size=baseline,
         excluded=dict(excluded or {}),
     )
-
-
-def with_batch_size(c: Candidate, batch_size: int) -> Candidate:
-    return replace(c, batch_size=batch_size)
