@@ -205,11 +205,11 @@ def reap_new_children(before: set[int], timeout_s: float = SHUTDOWN_TIMEOUT_S) -
 class _Watchdog(threading.Thread):
     """Enforces the time and memory limits of one trial from a side thread."""
 
-    def __init__(self, limits: MeasureLimits, before: set[int], interrupt: bool) -> None:
+    def __init__(self, limits: MeasureLimits, before: set[int], arm: _Arm) -> None:
         super().__init__(name="autotune-watchdog", daemon=True)
         self.limits = limits
         self.before = before
-        self.interrupt = interrupt
+        self.arm = arm
         self.main_ident = threading.main_thread().ident
         self.started_at = time.perf_counter()
         self.last_progress = self.started_at
@@ -220,6 +220,11 @@ class _Watchdog(threading.Thread):
 
     def progress(self) -> None:
         self.last_progress = time.perf_counter()
+
+    def check(self) -> None:
+        """Raise the failure in the main thread, at a point where that is always safe."""
+        if self.failure is not None:
+            raise self.failure
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -253,7 +258,13 @@ class _Watchdog(threading.Thread):
                     )
                 )
             if self.failure is not None:
-                return
+                break
+        # The main thread ignores the signal in some places (see NOTE [ Interrupting the main thread ]):
+        # repeat it until it lands or the trial is being shut down.
+        while self.failure is not None and self.arm.armed:
+            self._interrupt()
+            if self._stop_event.wait(WATCHDOG_POLL_S):
+                break
 
     def _fail(self, failure: CandidateError) -> None:
         self.failure = failure
@@ -263,14 +274,58 @@ class _Watchdog(threading.Thread):
                 if p.pid not in self.before:
                     with contextlib.suppress(psutil.Error):
                         p.kill()
-        stopping = self._stop_event.is_set()  # the main thread is already shutting the trial down
-        if self.interrupt and not stopping and _INTERRUPT_SIGNAL is not None and self.main_ident is not None:
+
+    def _interrupt(self) -> None:
+        if self._stop_event.is_set():  # the main thread is already shutting the trial down
+            return
+        if _INTERRUPT_SIGNAL is not None and self.main_ident is not None:
             with contextlib.suppress(OSError, ValueError):
                 signal.pthread_kill(self.main_ident, _INTERRUPT_SIGNAL)
 
 
 class _Interrupted(BaseException):
     """Raised in the main thread by the watchdog's signal; turned into the watchdog's failure."""
+
+
+# NOTE [ Interrupting the main thread ]
+# The watchdog stops a trial by raising an exception in the main thread from a signal handler, and
+# PyTorch's SIGCHLD handler raises one there when a worker dies. Such an exception lands between any
+# two bytecodes. Most places are harmless: the trial's loader is thrown away. A few are not: while the
+# main thread receives a batch's file descriptor from a worker (multiprocessing's resource sharer, its
+# Unix socket, torch's storage rebuild), or while the DataLoader probes the open-file limit with
+# temporary files after a failed read, an exception strands a socket, a file or a descriptor that is
+# closed, with a ResourceWarning, only whenever the garbage collector gets to it. So during a trial
+# both handlers look at where the main thread is and do nothing inside that code. The measuring loop
+# raises the watchdog's failure itself after every batch, the watchdog repeats its signal every poll
+# until it lands, and PyTorch's DataLoader finds a dead worker by itself at its next status check.
+
+
+def _unsafe_files() -> frozenset[str]:
+    """Files of code an exception must not cut short (see NOTE [ Interrupting the main thread ])."""
+    import multiprocessing.reduction
+    import multiprocessing.resource_sharer
+    import socket
+    import tempfile
+
+    import torch.multiprocessing.reductions
+
+    modules = (socket, tempfile, multiprocessing.reduction, multiprocessing.resource_sharer,
+               torch.multiprocessing.reductions)
+    return frozenset(os.path.abspath(m.__file__) for m in modules if m.__file__)
+
+
+_UNSAFE_FILES = _unsafe_files()
+
+
+def _in_unsafe_code(frame: Any) -> bool:
+    """Whether ``frame`` or one of its callers runs code an exception must not cut short."""
+    depth = 0
+    while frame is not None and depth < 64:
+        if os.path.abspath(frame.f_code.co_filename) in _UNSAFE_FILES:
+            return True
+        frame = frame.f_back
+        depth += 1
+    return False
 
 
 class _Arm:
@@ -290,16 +345,43 @@ def _interruptible() -> Iterator[_Arm]:
     arm = _Arm(True)
 
     def handler(signum: int, frame: Any) -> None:
-        if arm.armed:
+        if arm.armed and not _in_unsafe_code(frame):
             arm.armed = False
             raise _Interrupted()
 
     old = signal.signal(_INTERRUPT_SIGNAL, handler)
     try:
-        yield arm
+        with _deferred_child_errors():
+            yield arm
     finally:
         arm.armed = False
         signal.signal(_INTERRUPT_SIGNAL, old)
+
+
+@contextlib.contextmanager
+def _deferred_child_errors() -> Iterator[None]:
+    """Wrap PyTorch's SIGCHLD handler so that it never raises in unsafe code (see the NOTE)."""
+    from torch.utils.data._utils import signal_handling
+
+    chld = getattr(signal, "SIGCHLD", None)
+    if chld is None:
+        yield
+        return
+    signal_handling._set_SIGCHLD_handler()  # installed once per process; wrapped here, never replaced
+    torch_handler = signal.getsignal(chld)
+    if not callable(torch_handler):
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if not _in_unsafe_code(frame):
+            torch_handler(signum, frame)
+
+    signal.signal(chld, handler)
+    try:
+        yield
+    finally:
+        signal.signal(chld, torch_handler)
 
 
 @contextlib.contextmanager
@@ -533,7 +615,7 @@ def measure(
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_threads(candidate.torch_threads))
         arm = stack.enter_context(_interruptible())
-        watchdog = _Watchdog(limits, before, interrupt=arm.possible)
+        watchdog = _Watchdog(limits, before, arm)
         watchdog.start()
         # Runs before the signal handler is restored even if the shut-down below is cut short: a
         # watchdog left running could signal a process that no longer handles the signal.
@@ -611,6 +693,7 @@ def _run(
     startup_s = time.perf_counter() - t0
     watchdog.progress()
     consume(first)
+    watchdog.check()
     if cuda:
         torch.cuda.synchronize(device)
 
@@ -631,6 +714,7 @@ def _run(
     warm_start = time.perf_counter()
     for _ in range(warmup):
         consume(next_batch())
+        watchdog.check()
         watchdog.progress()
         if time.perf_counter() - warm_start > limits.window_s:
             # Batches prepared during start-up come at once; when draining them takes this long,
@@ -660,6 +744,7 @@ def _run(
         else:
             consume(batch)
             steps.append(time.perf_counter() - ts)
+        watchdog.check()
         watchdog.progress()
         n = len(waits)
         elapsed = time.perf_counter() - window_start

@@ -150,3 +150,37 @@ def test_segments_of_dead_workers_are_removed_and_live_ones_kept() -> None:
         for path in (orphan, mine):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+# Code that runs under the file name of the standard library's socket module: to the measurement it looks
+# like the main process receiving a batch's file descriptor from a worker.
+_HANDOVER_SOURCE = """
+def handover(seconds, log):
+    import time
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    log.append("done")
+"""
+
+
+def test_the_watchdog_waits_for_a_descriptor_handover_to_finish(no_leaked_children) -> None:
+    import signal
+    import socket
+
+    namespace: dict = {}
+    exec(compile(_HANDOVER_SOURCE, socket.__file__, "exec"), namespace)
+    log: list[str] = []
+    child_handler = signal.getsignal(signal.SIGCHLD)
+
+    def step(batch) -> None:
+        namespace["handover"](2.0, log)  # the trial's time limit passes in the middle of it
+
+    limits = MeasureLimits(window_s=30, min_batches=3, max_batches=10_000, trial_timeout_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(TrialTimeout, match="time limit"):
+        measure(Sleepy(delay_s=0), Candidate(8), step=step, limits=limits)
+    # Interrupted only once the hand-over was over, and promptly then.
+    assert log == ["done"]
+    assert time.monotonic() - t0 < 10
+    assert signal.getsignal(signal.SIGCHLD) is child_handler
