@@ -70,6 +70,7 @@ WATCHDOG_POLL_S = 0.05
 """How often the watchdog checks time and memory."""
 
 _INTERRUPT_SIGNAL = getattr(signal, "SIGUSR2", None)
+_CHILD_SIGNAL = getattr(signal, "SIGCHLD", None)
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,8 @@ class _Watchdog(threading.Thread):
     def run(self) -> None:
         limits = self.limits
         while not self._stop_event.wait(WATCHDOG_POLL_S):
+            if self.arm.child_pending:  # a worker's death went unreported (see NOTE [ Interrupting ... ])
+                self._signal(_CHILD_SIGNAL)
             now = time.perf_counter()
             try:
                 mem = process_memory(self._proc)
@@ -262,7 +265,7 @@ class _Watchdog(threading.Thread):
         # The main thread ignores the signal in some places (see NOTE [ Interrupting the main thread ]):
         # repeat it until it lands or the trial is being shut down.
         while self.failure is not None and self.arm.armed:
-            self._interrupt()
+            self._signal(_INTERRUPT_SIGNAL)
             if self._stop_event.wait(WATCHDOG_POLL_S):
                 break
 
@@ -275,12 +278,13 @@ class _Watchdog(threading.Thread):
                     with contextlib.suppress(psutil.Error):
                         p.kill()
 
-    def _interrupt(self) -> None:
-        if self._stop_event.is_set():  # the main thread is already shutting the trial down
+    def _signal(self, signum: int | None) -> None:
+        """Send ``signum`` to the main thread, unless the trial is already being shut down."""
+        if self._stop_event.is_set() or not self.arm.possible:
             return
-        if _INTERRUPT_SIGNAL is not None and self.main_ident is not None:
+        if signum is not None and self.main_ident is not None:
             with contextlib.suppress(OSError, ValueError):
-                signal.pthread_kill(self.main_ident, _INTERRUPT_SIGNAL)
+                signal.pthread_kill(self.main_ident, signum)
 
 
 class _Interrupted(BaseException):
@@ -296,8 +300,8 @@ class _Interrupted(BaseException):
 # temporary files after a failed read, an exception strands a socket, a file or a descriptor that is
 # closed, with a ResourceWarning, only whenever the garbage collector gets to it. So during a trial
 # both handlers look at where the main thread is and do nothing inside that code. The measuring loop
-# raises the watchdog's failure itself after every batch, the watchdog repeats its signal every poll
-# until it lands, and PyTorch's DataLoader finds a dead worker by itself at its next status check.
+# raises the watchdog's failure itself after every batch, and the watchdog repeats either signal every
+# poll until a handler has run outside that code.
 
 
 def _unsafe_files() -> frozenset[str]:
@@ -334,6 +338,8 @@ class _Arm:
     def __init__(self, possible: bool) -> None:
         self.possible = possible
         self.armed = possible
+        self.child_pending = False
+        """A SIGCHLD arrived inside unsafe code; PyTorch's handler has yet to look at the workers."""
 
 
 @contextlib.contextmanager
@@ -351,7 +357,7 @@ def _interruptible() -> Iterator[_Arm]:
 
     old = signal.signal(_INTERRUPT_SIGNAL, handler)
     try:
-        with _deferred_child_errors():
+        with _deferred_child_errors(arm):
             yield arm
     finally:
         arm.armed = False
@@ -359,29 +365,32 @@ def _interruptible() -> Iterator[_Arm]:
 
 
 @contextlib.contextmanager
-def _deferred_child_errors() -> Iterator[None]:
+def _deferred_child_errors(arm: _Arm) -> Iterator[None]:
     """Wrap PyTorch's SIGCHLD handler so that it never raises in unsafe code (see the NOTE)."""
     from torch.utils.data._utils import signal_handling
 
-    chld = getattr(signal, "SIGCHLD", None)
-    if chld is None:
+    if _CHILD_SIGNAL is None:
         yield
         return
     signal_handling._set_SIGCHLD_handler()  # installed once per process; wrapped here, never replaced
-    torch_handler = signal.getsignal(chld)
+    torch_handler = signal.getsignal(_CHILD_SIGNAL)
     if not callable(torch_handler):
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
-        if not _in_unsafe_code(frame):
-            torch_handler(signum, frame)
+        if _in_unsafe_code(frame):
+            arm.child_pending = True  # the watchdog sends it again
+            return
+        arm.child_pending = False
+        torch_handler(signum, frame)
 
-    signal.signal(chld, handler)
+    signal.signal(_CHILD_SIGNAL, handler)
     try:
         yield
     finally:
-        signal.signal(chld, torch_handler)
+        arm.child_pending = False
+        signal.signal(_CHILD_SIGNAL, torch_handler)
 
 
 @contextlib.contextmanager
