@@ -11,10 +11,10 @@
 #    The search stops early once PATIENCE candidates in a row after the warm starts brought no better
 #    score: the budget is a ceiling, not a target.
 # 3. At most FINAL_FRACTION of the budget re-measures the finalists (the best few, plus the baseline)
-#    in interleaved rounds; each one's figures are the medians over its measurements, the winner has the
-#    best median score, and among candidates within TIE_TOLERANCE of it the one with fewer workers and
-#    less memory wins. The speed-up is the winner's median throughput over the baseline's, both taken
-#    from the same rounds.
+#    in interleaved rounds: at least MIN_FINAL_ROUNDS, and no more once a round leaves the pick as it
+#    was. Each one's figures are the medians over its measurements, the winner has the best median
+#    score, and among candidates within TIE_TOLERANCE of it the one with fewer workers and less memory
+#    wins. The speed-up is the winner's score over the baseline's, both taken from the same rounds.
 #
 # NOTE [ Score ]
 # A candidate's score is the throughput of a whole training run of `epochs` epochs over N samples:
@@ -461,6 +461,13 @@ class _Search:
             n=len(ms),
         )
 
+    def pick(self, finalists: list[Candidate]) -> Summary:
+        """The best median score; within TIE_TOLERANCE of it, fewer workers, then less memory."""
+        summaries = [self.summarize(c) for c in finalists]
+        top = max(s.score for s in summaries)
+        tied = [s for s in summaries if s.score >= (1.0 - TIE_TOLERANCE) * top]
+        return min(tied, key=lambda s: (s.candidate.num_workers, s.peak_memory_bytes, -s.score))
+
     def finalize(self) -> SearchOutcome:
         baseline = self.space.baseline()
         ranked = sorted(self.by_candidate, key=lambda c: -self.summarize(c).score)
@@ -474,6 +481,7 @@ class _Search:
             first = [finalists[0], *([baseline] if baseline in cost else []), *finalists[1:]]
             first = list(dict.fromkeys(first))
             final_started = time.monotonic()
+            picks = [self.pick(finalists).candidate]
             for r in range(MAX_FINAL_ROUNDS):
                 order = first[r % len(first):] + first[:r % len(first)]
                 if r and self.left() < sum(cost.values()):
@@ -485,10 +493,10 @@ class _Search:
                     if self.left() < cost[c]:
                         break
                     self.run(c, "final")
-        summaries = [self.summarize(c) for c in finalists]
-        top = max(s.score for s in summaries)
-        tied = [s for s in summaries if s.score >= (1.0 - TIE_TOLERANCE) * top]
-        best = min(tied, key=lambda s: (s.candidate.num_workers, s.peak_memory_bytes, -s.score))
+                picks.append(self.pick(finalists).candidate)
+                if r + 1 >= MIN_FINAL_ROUNDS and picks[-1] == picks[-2]:
+                    break  # another round did not change the pick: the order is settled
+        best = self.pick(finalists)
         base = self.summarize(baseline) if baseline in self.by_candidate else None
         speedup = (best.score / base.score) if base and base.score else None
         return SearchOutcome(best, base, speedup, tuple(self.records),
