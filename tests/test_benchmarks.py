@@ -112,3 +112,21 @@ def test_time_target_is_an_upper_bound_and_the_others_lower_bounds() -> None:
         "tuned >= every rule of thumb": True,
         "tuning time <= 15 % of grid time": True,
     }
+
+
+def test_a_missed_time_target_says_where_the_tuning_time_went() -> None:
+    from benchmarks import output
+
+    headline = {"tuned_over_oracle": 1.0, "tuned_over_default": 2.0,
+                "tuned_over_best_heuristic": 1.5, "tuning_over_grid_time": 0.3}
+    result = {
+        "name": "w", "headline": headline, "targets": suite.targets(headline),
+        "configs": {"tuned": {}},
+        "tuning": {"tuning_s": 21.0, "winner_found_s": 7.0, "search_s": 14.0, "tried_after_winner": 9,
+                   "final_s": 6.2},
+        "grid": {"size": 68, "total_s": 70.0},
+    }
+    (line,) = output.misses([result])
+    assert "0.30 against 0.15" in line
+    assert "first measured 7 s in; 9 more candidates (7 s)" in line
+    assert "re-measurement took 6 s" in line
