@@ -100,10 +100,14 @@ def target_lines(results: list[dict[str, Any]]) -> list[str]:
 def _tuning_breakdown(tu: dict[str, Any]) -> str:
     """Where the tuning time went: finding the winner, confirming convergence, the final rounds."""
     found = tu.get("winner_found_s")
-    if found is None or "search_s" not in tu:
-        return "The winner was first measured in the final rounds"
-    return (f"Its winner was first measured {found:.0f} s in; {tu['tried_after_winner']} more candidates"
-            f" ({tu['search_s'] - found:.0f} s) showed the search had converged, and the finalists'"
+    if "search_s" not in tu:
+        return "This run did not record where the tuning time went"
+    if found is None:
+        return f"Its winner was first measured in the final rounds, which took {tu['final_s']:.0f} s"
+    n = tu["tried_after_winner"]
+    return (f"Its winner was first measured {found:.0f} s in; the search tried {n} more"
+            f" candidate{'s' * (n != 1)} ({tu['search_s'] - found:.0f} s) before it stopped (converged, the"
+            " space explored, or its share of the budget spent), and the finalists'"
             f" side-by-side re-measurement took {tu['final_s']:.0f} s")
 
 

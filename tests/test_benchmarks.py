@@ -128,5 +128,5 @@ def test_a_missed_time_target_says_where_the_tuning_time_went() -> None:
     }
     (line,) = output.misses([result])
     assert "0.30 against 0.15" in line
-    assert "first measured 7 s in; 9 more candidates (7 s)" in line
+    assert "first measured 7 s in; the search tried 9 more candidates (7 s)" in line
     assert "re-measurement took 6 s" in line
