@@ -33,6 +33,7 @@ import signal
 import statistics
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -571,6 +572,20 @@ def _worker_death(dead: list[tuple[int, int]]) -> WorkerFailed | None:
     )
 
 
+def _release_frames(err: BaseException) -> None:
+    """Let go of what the finished frames under a trial's failure hold, now rather than at collection.
+
+    A failure raised out of :func:`measure` sits in a reference cycle (its traceback holds this frame,
+    whose locals hold the failure), so the frames below stay alive until the cycle collector runs,
+    and with them whatever they held: after a failed read the DataLoader opens
+    temporary files to probe the open-file limit, and an exception there leaves the ones already open
+    to the collector, which may finalise a file before the wrapper that closes it, with a
+    ResourceWarning. Clearing those frames releases such objects at once, in order. The frames of the
+    user's own errors are left as they are.
+    """
+    traceback.clear_frames(err.__traceback__)
+
+
 def _shutdown(iterator: Any, loader: Any) -> None:
     for it in (iterator, getattr(loader, "_iterator", None)):
         shutdown = getattr(it, "_shutdown_workers", None)
@@ -656,16 +671,20 @@ def measure(
                 _remove_orphan_segments(workers)
         except _Interrupted as err:
             failure = watchdog.failure or TrialTimeout("the trial was interrupted")
+            _release_frames(err)
             raise failure from err
-        except CandidateError:
+        except CandidateError as err:
+            _release_frames(err)
             raise
         except Exception as err:
             # Classified after the shut-down (see NOTE [ Shut-down under signals ]): a dead worker
             # surfaces as whatever broke first (a RuntimeError, a reset connection), so look at them.
             if watchdog.failure is not None:
+                _release_frames(err)
                 raise watchdog.failure from err
             mapped = _worker_death(dead) or _map_loader_error(err)
             if mapped is not None:
+                _release_frames(err)
                 raise mapped from err
             raise
         if watchdog.failure is not None:

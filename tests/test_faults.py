@@ -486,12 +486,12 @@ def test_out_of_memory_at_large_batches_makes_them_infeasible(
     assert oom_at is not None, "the search never tried a batch size of 64 or more"
 
 
-# When a worker dies while handing a batch over, PyTorch's rebuild_storage_fd raises EOFError and drops
-# the file it was reading the shared tensor from without closing it; the garbage collector closes it.
 # PyTorch's SIGCHLD handler raises in the main thread wherever it is when a worker dies; landing in a
-# garbage-collector callback, the error is ignored there (the trial still fails through the loader).
-@pytest.mark.filterwarnings("ignore:unclosed file:ResourceWarning")
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+# finaliser, that error is reported as ignored (the trial still fails through the loader). Only that
+# report is tolerated: a file or socket left open would still fail the test.
+@pytest.mark.filterwarnings(
+    r"ignore:(?s)Exception ignored in.*DataLoader worker:pytest.PytestUnraisableExceptionWarning"
+)
 @pytest.mark.parametrize("how", ["exit", "segv"])
 def test_a_worker_that_dies_fails_its_candidate_and_the_search_goes_on(how: str, clean: Path) -> None:
     result = tune_loader(DiesInWorkers(how), batch_size=4, budget_s=5, seed=1, **QUICK)

@@ -184,3 +184,36 @@ def test_the_watchdog_waits_for_a_descriptor_handover_to_finish(no_leaked_childr
     assert log == ["done"]
     assert time.monotonic() - t0 < 15
     assert signal.getsignal(signal.SIGCHLD) is child_handler
+
+
+def _open_slowly(log: list) -> object:
+    import tempfile
+
+    f = tempfile.NamedTemporaryFile()  # noqa: SIM115 - kept open on purpose: the test is about who closes it
+    log.append(f.name)
+    end = time.monotonic() + 0.2
+    while time.monotonic() < end:
+        pass
+    return f
+
+
+def test_files_held_by_an_interrupted_step_are_closed_at_once(no_leaked_children) -> None:
+    import gc
+    import warnings
+
+    opened: list[str] = []
+
+    def step(batch) -> None:
+        # Like the DataLoader's open-file probe after a failed read: files kept only by a list that
+        # is being built when the trial's time limit passes.
+        [_open_slowly(opened) for _ in range(20)]
+
+    limits = MeasureLimits(window_s=30, min_batches=3, max_batches=10_000, trial_timeout_s=0.5)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(TrialTimeout):
+            measure(Sleepy(delay_s=0), Candidate(8), step=step, limits=limits)
+        assert opened and not all(os.path.exists(name) for name in opened)
+        gc.collect()
+    assert [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)] == []
+    assert not any(os.path.exists(name) for name in opened)
