@@ -481,7 +481,7 @@ class _Search:
             first = [finalists[0], *([baseline] if baseline in cost else []), *finalists[1:]]
             first = list(dict.fromkeys(first))
             final_started = time.monotonic()
-            picks = [self.pick(finalists).candidate]
+            pick = self.pick(finalists).candidate
             for r in range(MAX_FINAL_ROUNDS):
                 order = first[r % len(first):] + first[:r % len(first)]
                 if r and self.left() < sum(cost.values()):
@@ -493,8 +493,8 @@ class _Search:
                     if self.left() < cost[c]:
                         break
                     self.run(c, "final")
-                picks.append(self.pick(finalists).candidate)
-                if r + 1 >= MIN_FINAL_ROUNDS and picks[-1] == picks[-2]:
+                previous, pick = pick, self.pick(finalists).candidate
+                if r + 1 >= MIN_FINAL_ROUNDS and pick == previous:
                     break  # another round did not change the pick: the order is settled
         best = self.pick(finalists)
         base = self.summarize(baseline) if baseline in self.by_candidate else None

@@ -241,16 +241,16 @@ def run_tuner(w: wl.Workload, *, device: torch.device, settings: Settings) -> di
     tried = sorted({r.candidate.label() for r in result.trials if r.state == "complete"})
     # When the winner was first measured: how much of the budget the search needed to find it; and
     # where the rest went: candidates tried after it (the convergence check) and the final rounds.
-    elapsed, found_s, after_winner = 0.0, None, 0
+    elapsed, found_s, after_winner, final_s = 0.0, None, 0, 0.0
     for r in result.trials:
         if r.phase == "final":
+            final_s += r.duration_s
             continue
         elapsed += r.duration_s
         if found_s is None and r.state == "complete" and r.candidate == result.candidate:
             found_s = elapsed
         elif found_s is not None and r.state in ("complete", "pruned", "failed"):
             after_winner += 1
-    final_s = sum(r.duration_s for r in result.trials if r.phase == "final")
     return {
         "candidate": result.candidate,
         "tuning_s": wall,
