@@ -130,6 +130,22 @@ class Prepared:
     detail: str = ""
     """What was cached and what still runs per sample."""
 
+    def loader_parts(
+        self, collate_fn: Callable[[Any], Any] | None = None
+    ) -> tuple[Any, Callable[[Any], Any] | None]:
+        """(dataset, collate_fn) to hand to a DataLoader, given the user's ``collate_fn`` (or None).
+
+        Without one: the fastest path (whole batches gathered by index where the cache can, with a
+        pass-through collate). With one: the user's function receives exactly the list of samples
+        the original dataset would give (same types: ints stay ints), built from a batched gather
+        unbound into samples, or per sample where the cache runs a random rest per sample.
+        """
+        if collate_fn is None:
+            return self.dataset, self.collate_fn
+        if self.collate_fn is None or not hasattr(self.dataset, "__getitems__"):
+            return self.dataset, collate_fn
+        return _Unbatched(self.dataset), collate_fn
+
 
 # --------------------------------------------------------------------------------------- helpers
 
@@ -728,6 +744,38 @@ def _gather(data: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return data.index_select(0, index)
     out = _empty_batch(data, (len(index), *data.shape[1:]))
     return torch.index_select(data, 0, index, out=out)
+
+
+class _Unbatched(Dataset[Any]):
+    """A batched cache whose batches are unbound into the samples the original dataset gives.
+
+    For a user's ``collate_fn``: one gather per batch (random numbers drawn sample after sample,
+    as the original does), then each sample as ``dataset[i]`` would be (tensor fields as views of
+    the batch, number fields as Python numbers).
+    """
+
+    def __init__(self, batches: _CachedSamples) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.batches[index]
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        cached = self.batches
+        batch = cached.__getitems__(indices)  # type: ignore[attr-defined]
+        fields = batch if cached.is_seq is not None else [batch]
+        columns: list[list[Any]] = []
+        for k, (data, kind) in enumerate(zip(fields, cached.kinds, strict=True)):
+            if kind == "tensor":
+                columns.append([x.as_subclass(cached.subclasses[k]) for x in data.unbind(0)])
+            else:
+                columns.append(data.tolist())
+        if cached.is_seq is None:
+            return columns[0]
+        return [cached.is_seq(values) for values in zip(*columns, strict=True)]
 
 
 def _already_collated(batch: Any) -> Any:

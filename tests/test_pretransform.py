@@ -432,3 +432,34 @@ def test_measure_runs_a_ram_candidate_and_reports_the_build() -> None:
     m = measure(ds, Candidate(batch_size=64, pretransform="ram"), limits=limits)
     assert m.samples > 0 and m.cache_bytes == N * (3 * 32 * 32 * 4 + 8) and m.build_s > 0
     assert time.perf_counter() - t0 < 60
+
+
+def describe(samples: list[Any]) -> dict[str, Any]:
+    """A user's collate_fn that returns a dict and records exactly what it was given."""
+    return {
+        "types": [tuple(type(v).__name__ for v in s) for s in samples],
+        "images": torch.stack([s[0] for s in samples]),
+        "labels": [s[1] for s in samples],
+    }
+
+
+@pytest.mark.parametrize(
+    "make", [DETERMINISTIC["totensor-normalize"], cifar_train], ids=["whole", "crop-flip"]
+)
+def test_a_users_collate_fn_receives_the_original_samples_under_a_cache(make: Any) -> None:
+    ds = FakeCifar(n=96, transform=make())
+    prepared = pt.prepare(ds, "ram", device=CPU)
+    assert prepared.collate_fn is not None  # the batched path, which would bypass the user's function
+    dataset, collate = prepared.loader_parts(describe)
+    assert collate is describe
+    batches = []
+    for data, fn in ((ds, describe), (dataset, collate)):
+        torch.manual_seed(3)
+        batches.append(list(DataLoader(data, batch_size=32, shuffle=True, collate_fn=fn)))
+    for got, expected in zip(*batches, strict=True):
+        assert got["types"] == expected["types"] == [("Tensor", "int")] * 32  # ints stay ints
+        assert got["labels"] == expected["labels"]
+        assert torch.equal(got["images"], expected["images"])
+    # Without a user collate_fn, the fast batched path is kept.
+    assert prepared.loader_parts(None) == (prepared.dataset, prepared.collate_fn)
+    assert pt.prepare(ds, "none", device=CPU).loader_parts(describe) == (ds, describe)
