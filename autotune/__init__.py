@@ -1,5 +1,7 @@
 """autotune: find the fastest PyTorch DataLoader configuration for this machine, by measuring it."""
 
+import importlib.metadata
+
 from .api import DEFAULT_BUDGET_S, DEFAULT_EPOCHS, TuneResult, tune_loader
 from .exceptions import (
     AutotuneError,
@@ -15,12 +17,19 @@ from .exceptions import (
     TuningFailed,
     WorkerFailed,
 )
-from .machine import MachineInfo, detect_machine
+from .machine import detect_machine
 from .measure import MeasureLimits, Measurement, measure
-from .space import Candidate, SearchSpace
+from .profiles import open_store
+from .space import Candidate
 from .study import TrialRecord
 
-__version__ = "0.1.0"
+_DISTRIBUTION = "dataloader-autotune"
+"""The name this package is installed under (the import name is ``autotune``)."""
+
+try:
+    __version__ = importlib.metadata.version(_DISTRIBUTION)
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a tree never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AutotuneError",
@@ -31,13 +40,11 @@ __all__ = [
     "ConfigurationError",
     "DEFAULT_BUDGET_S",
     "DEFAULT_EPOCHS",
-    "MachineInfo",
     "MeasureLimits",
     "Measurement",
     "MemoryLimitExceeded",
     "ProfileStoreError",
     "ProfileStoreWarning",
-    "SearchSpace",
     "TrialPruned",
     "TrialRecord",
     "TrialTimeout",
@@ -47,5 +54,6 @@ __all__ = [
     "__version__",
     "detect_machine",
     "measure",
+    "open_store",
     "tune_loader",
 ]

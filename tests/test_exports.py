@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import types
 
 import autotune
@@ -26,3 +27,15 @@ def test_every_exception_is_exported_and_in_the_tree() -> None:
     assert classes <= set(autotune.__all__)
     # The tree drawn in the module docstring names every class.
     assert all(name in (exceptions.__doc__ or "") for name in classes)
+
+
+def test_the_version_is_the_installed_distribution_s() -> None:
+    # Read from the installed metadata, so it cannot drift from pyproject.toml's version.
+    assert autotune.__version__ == importlib.metadata.version("dataloader-autotune")
+
+
+def test_only_what_a_user_calls_is_exported() -> None:
+    # The profile store the command manages is public; the search space and machine facts, which no
+    # public call takes, are not.
+    assert "open_store" in autotune.__all__
+    assert not {"SearchSpace", "MachineInfo"} & set(autotune.__all__)
