@@ -45,6 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .describe import MAX_DEPTH, dataset_length, describe_sample, qualname
 from .exceptions import ConfigurationError, ProfileStoreError, ProfileStoreWarning
 
 if TYPE_CHECKING:
@@ -81,9 +82,6 @@ POSTGRES_CONNECT_TIMEOUT_S = 10
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _ADDRESS_RE = re.compile(r"\s+at\s+0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
-_MAX_ITEMS = 16
-"""Items of a list/tuple/dict sample described one by one; longer ones are summarised by length."""
-_MAX_DEPTH = 6
 
 # Entries already warned about in this process, so each bad file or row warns once (per version of
 # it: a file rewritten and corrupt again warns again).
@@ -141,11 +139,11 @@ def workload_fingerprint(
     its compiled code, so editing the step's body gives a new key. Errors raised by the dataset itself
     are not caught.
     """
-    length = _length(dataset)
+    length = dataset_length(dataset)
     return {
-        "dataset": _qualname(type(dataset)),
+        "dataset": qualname(type(dataset)),
         "len": length,
-        "sample": _describe(_first_sample(dataset, length)),
+        "sample": describe_sample(_first_sample(dataset, length)),
         "transform": _transform_repr(dataset),
         "step": _step_identity(step),
         "device": str(device),
@@ -163,21 +161,8 @@ def _canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
 
 
-def _qualname(obj: Any) -> str:
-    module = getattr(obj, "__module__", None) or "?"
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
-    return f"{module}.{name}"
-
-
 def _strip_addresses(text: str) -> str:
     return _ADDRESS_RE.sub("", text)
-
-
-def _length(dataset: Any) -> int | None:
-    try:
-        return int(len(dataset))
-    except (TypeError, NotImplementedError):  # IterableDataset, or a dataset without __len__
-        return None
 
 
 def _first_sample(dataset: Any, length: int | None) -> Any:
@@ -191,46 +176,9 @@ def _first_sample(dataset: Any, length: int | None) -> Any:
     return None
 
 
-def _describe(sample: Any, depth: int = 0) -> Any:
-    """The structure of a sample: types, shapes and dtypes, never values (labels differ per sample)."""
-    if depth > _MAX_DEPTH:
-        return {"type": _qualname(type(sample))}
-    if sample is None:
-        return {"type": "None"}
-    if isinstance(sample, bool | int | float | complex | str | bytes):
-        return {"type": type(sample).__name__}
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(sample, torch.Tensor):
-        return {
-            "type": "tensor",
-            "shape": list(sample.shape),
-            "dtype": str(sample.dtype),
-            "device": sample.device.type,
-        }
-    module = type(sample).__module__ or ""
-    if module.startswith("numpy"):
-        if hasattr(sample, "shape") and hasattr(sample, "dtype"):
-            return {"type": "ndarray", "shape": list(sample.shape), "dtype": str(sample.dtype)}
-        return {"type": type(sample).__name__}
-    if module.startswith("PIL.") and hasattr(sample, "size") and hasattr(sample, "mode"):
-        return {"type": "PIL.Image", "size": list(sample.size), "mode": str(sample.mode)}
-    if isinstance(sample, Mapping):
-        keys = sorted(sample, key=str)
-        out: dict[str, Any] = {"type": "dict", "len": len(keys)}
-        if len(keys) <= _MAX_ITEMS:
-            out["items"] = {str(k): _describe(sample[k], depth + 1) for k in keys}
-        return out
-    if isinstance(sample, tuple | list):
-        out = {"type": type(sample).__name__, "len": len(sample)}
-        if len(sample) <= _MAX_ITEMS:
-            out["items"] = [_describe(item, depth + 1) for item in sample]
-        return out
-    return {"type": _qualname(type(sample))}
-
-
 def _transform_repr(dataset: Any) -> str | None:
     # Wrappers such as Subset keep the transform on the dataset they wrap.
-    for _ in range(_MAX_DEPTH):
+    for _ in range(MAX_DEPTH):
         transform = getattr(dataset, "transform", None)
         if transform is not None:
             return _strip_addresses(repr(transform))
@@ -255,16 +203,16 @@ def _step_identity(step: Any) -> dict[str, Any] | None:
     if inspect.ismethod(step):
         func = step.__func__
         return {
-            "name": f"{_qualname(type(step.__self__))}.{func.__name__}",
+            "name": f"{qualname(type(step.__self__))}.{func.__name__}",
             "code": _function_digest(func),
         }
     if inspect.isfunction(step) or inspect.isbuiltin(step) or isinstance(step, type):
-        return {"name": _qualname(step), "code": _function_digest(step)}
+        return {"name": qualname(step), "code": _function_digest(step)}
     cls = type(step)
     torch = sys.modules.get("torch")
     is_module = torch is not None and isinstance(step, torch.nn.Module)
     runs = getattr(cls, "forward" if is_module else "__call__", None)
-    return {"name": _qualname(cls), "code": _function_digest(runs)}
+    return {"name": qualname(cls), "code": _function_digest(runs)}
 
 
 def _function_digest(func: Any) -> str | None:
@@ -301,7 +249,7 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, set | frozenset):
         return sorted((_jsonable(v) for v in obj), key=repr)
     if callable(obj) and hasattr(obj, "__qualname__"):
-        return _qualname(obj)
+        return qualname(obj)
     return _strip_addresses(repr(obj))
 
 
@@ -659,7 +607,7 @@ class DatabaseProfileStore:
             parsed = make_url(url)
         except Exception as err:  # sqlalchemy.exc.ArgumentError, ValueError
             raise ConfigurationError(
-                f"storage={_mask_text(url)!r} is not a database URL; use one such as"
+                f"storage={mask_url(url)!r} is not a database URL; use one such as"
                 f" 'postgresql://user:password@host/dbname' or 'sqlite:////path/to/profiles.db'."
             ) from err
         self.location = parsed.render_as_string(hide_password=True)
@@ -894,6 +842,9 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _mask_text(url: str) -> str:
-    """``url`` with any ``user:password@`` password replaced, for messages about unparseable URLs."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+_PASSWORD_RE = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+
+
+def mask_url(url: str) -> str:
+    """``url`` (or any text holding one) with a ``user:password@`` password replaced by ``***``."""
+    return _PASSWORD_RE.sub(r"\1***@", url)

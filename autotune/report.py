@@ -8,12 +8,13 @@ its own, so a plot never changes the backend a notebook or script has chosen.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .profiles import mask_url
 
 if TYPE_CHECKING:
     from .api import TuneResult
@@ -50,8 +51,6 @@ _LEGEND = (
     "wrk = num_workers, pf = prefetch_factor, pers = persistent_workers, pretf = pretransform,\n"
     "thr = torch threads, busy/wait = share of the time in the step/waiting for data, * = chosen"
 )
-
-_PASSWORD_RE = re.compile(r"(://[^/:@]*:)[^/@]*@")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -221,11 +220,6 @@ def summary_text(result: TuneResult) -> str:
             f" {result.tuning_s:.0f} s{stored}"
         )
     return "\n".join(lines)
-
-
-def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
-    return _PASSWORD_RE.sub(r"\1***@", url)
 
 
 def dashboard_hint(result: TuneResult) -> str:

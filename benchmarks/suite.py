@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from autotune import api, tune_loader
+from autotune import api, plan, tune_loader
 from autotune import pretransform as pt
 from autotune import workloads as wl
 from autotune.exceptions import CandidateError
@@ -167,7 +167,7 @@ def tuner_space(dataset: Any, *, batch_size: int, device: torch.device, settings
     built by the same functions; ``pretransforms`` skips the planning with the strategies known."""
     machine = detect_machine()
     if pretransforms is None:
-        pretransforms, _ = api.pretransform_choices(
+        pretransforms, _ = plan.pretransform_choices(
             dataset, requested_pretransforms(settings), device=device, machine=machine,
             budget_s=settings.budget_s,
         )
@@ -188,7 +188,7 @@ def refused_by_tuner(trials: Sequence[Any]) -> set[str]:
 
 def tuner_limits(budget_s: float) -> MeasureLimits:
     """The MeasureLimits ``tune_loader`` measures with for ``budget_s``."""
-    return api.measure_limits(budget_s)
+    return plan.measure_limits(budget_s)
 
 
 def heuristic_configs(batch_size: int, cpus: int, local_world_size: int = 1) -> dict[str, Candidate]:

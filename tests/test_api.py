@@ -172,3 +172,26 @@ def test_the_cifar_shaped_workload_gets_the_ram_cache(no_leaked_children) -> Non
     loader = result.make_loader(data, shuffle=True)
     x, y = next(iter(loader))
     assert x.shape == (64, 3, 32, 32) and y.shape == (64,)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"memory_budget_bytes": -5}, r"memory_budget_bytes=-5 must be > 0"),
+        ({"batch_timeout_s": 0}, r"batch_timeout_s=0 must be > 0"),
+        ({"max_workers": -1}, r"max_workers=-1 must be a non-negative integer"),
+        ({"batch_size": 4096}, r"batch_size=4096 is larger than the dataset"),
+    ],
+)
+def test_arguments_are_checked_before_a_stored_profile_answers(kwargs, match) -> None:
+    # The first call stores a profile for this workload; the second would be a cache hit, and a bad
+    # argument must be refused all the same (none of these arguments is part of the profile key).
+    ds = Remote(256)
+    tune_loader(ds, batch_size=32, budget_s=3.0, progress=False, pretransform="none", max_workers=1)
+    hit = tune_loader(ds, batch_size=32, budget_s=3.0, progress=False, pretransform="none",
+                      max_workers=1)
+    assert hit.from_cache
+    call = {"batch_size": 32, "budget_s": 3.0, "progress": False, "pretransform": "none",
+            "max_workers": 1, **kwargs}
+    with pytest.raises(ConfigurationError, match=match):
+        tune_loader(ds, **call)

@@ -1,0 +1,279 @@
+"""What both entry points share before anything is measured.
+
+``tune_loader`` (tuning ahead of time) and :class:`autotune.DataLoader` (tuning inside the user's
+epochs) go through the same two stages, so neither copies the other:
+
+1. :func:`make_plan`: every argument checked (before any profile is looked up, so a bad value is
+   refused whether or not a profile exists), the machine read, what worker processes cannot do with
+   this dataset, and the profile key of this machine and workload.
+2. :meth:`Plan.search`: the pre-transform strategies that apply, the search space, the measurement
+   limits and the search settings. Only needed when no stored profile answers, since it reads samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import IterableDataset
+
+from . import distributed, preflight, profiles
+from . import pretransform as pt
+from .exceptions import AutotuneWarning, ConfigurationError
+from .machine import MachineInfo, detect_machine
+from .measure import DEFAULT_BATCH_TIMEOUT_S, MeasureLimits, process_memory
+from .space import SearchSpace, build_space
+from .study import SearchSettings
+
+log = logging.getLogger("autotune")
+
+MEMORY_BUDGET_FRACTION = 0.5
+"""Share of the RAM available at the start that the workers of one trial may add."""
+
+CACHE_BUDGET_FRACTION = 0.25
+"""Share of available RAM (or accelerator memory) a pre-transform cache may take."""
+
+MAX_BUILD_FRACTION = 0.25
+"""A pre-transform cache whose estimated build takes more of the budget than this is not tried."""
+
+WINDOW_S_PER_BUDGET_S = 1.0 / 60.0
+"""Each candidate's steady-state window is this share of the budget (1 s for the default minute)."""
+
+MIN_WINDOW_S, MAX_WINDOW_S = 0.25, 2.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The checked arguments, the machine, the exclusions and the profile key of one workload."""
+
+    dataset: Any
+    step: Callable[[Any], Any] | None
+    dataset_len: int | None
+    batch_size: int | Sequence[int] | None
+    budget_s: float
+    epochs: int
+    device: torch.device
+    strategies: tuple[str, ...]
+    """The pre-transform strategies asked for (``auto`` expanded)."""
+    max_workers: int | None
+    """The user's bound, lowered to 0 where worker processes cannot work (see ``excluded``)."""
+    memory_budget_bytes: int | None
+    batch_timeout_s: float
+    shuffle: bool
+    collate_fn: Callable[[Any], Any] | None
+    seed: int
+    machine: MachineInfo
+    dist: distributed.DistContext | None
+    workload: dict[str, Any]
+    key: str
+    excluded: dict[str, str] = field(default_factory=dict)
+    """Settings left out of the space for this dataset, each with the reason."""
+    started_at: float = 0.0
+
+    @property
+    def iterable(self) -> bool:
+        return isinstance(self.dataset, IterableDataset)
+
+    @property
+    def local_ranks(self) -> int:
+        return self.dist.local_world_size if self.dist is not None else 1
+
+    def search(
+        self, *, store: profiles.ProfileStore | None = None, study_name: str | None = None
+    ) -> tuple[SearchSpace, SearchSettings]:
+        """The space and the settings of a search for this plan (reads a few samples to plan a cache)."""
+        usable, refused = pretransform_choices(
+            self.dataset, self.strategies, device=self.device, machine=self.machine,
+            budget_s=self.budget_s, memory_budget_bytes=self.memory_budget_bytes,
+        )
+        space = build_space(
+            self.machine, batch_size=self.batch_size, dataset_len=self.dataset_len,
+            cuda=self.device.type == "cuda", pretransforms=usable, max_workers=self.max_workers,
+            excluded=self.excluded, epochs=self.epochs, local_world_size=self.local_ranks,
+        )
+        limits = measure_limits(self.budget_s, memory_budget_bytes=self.memory_budget_bytes,
+                                batch_timeout_s=self.batch_timeout_s,
+                                local_world_size=self.local_ranks)
+        settings = SearchSettings(
+            budget_s=self.budget_s, epochs=self.epochs, dataset_len=self.dataset_len,
+            device=self.device, limits=limits, seed=self.seed,
+            shuffle=self.shuffle and not self.iterable, collate_fn=self.collate_fn,
+            usable_cpus=self.machine.usable_cpus, refused=refused,
+            storage_url=store.study_storage_url() if store is not None else None,
+            started_at=self.started_at,
+            study_name=study_name or f"autotune-{self.key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}",
+        )
+        return space, settings
+
+
+def make_plan(
+    dataset: Any,
+    step: Callable[[Any], Any] | None,
+    *,
+    batch_size: int | Sequence[int] | None,
+    budget_s: float,
+    device: str | torch.device | None,
+    epochs: int,
+    pretransform: str | Sequence[str],
+    max_workers: int | None,
+    memory_budget_bytes: int | None,
+    batch_timeout_s: float | None,
+    shuffle: bool,
+    collate_fn: Callable[[Any], Any] | None,
+    seed: int,
+    fixed: dict[str, Any] | None = None,
+    stacklevel: int = 2,
+) -> Plan:
+    """Check every argument, read the machine, and key the workload (stage 1 of the module docstring).
+
+    ``fixed`` adds to the profile key what else the caller holds fixed; ``stacklevel`` points the
+    warnings at the user's line, counted from the caller of this function.
+    """
+    started = time.monotonic()
+    n = preflight.check_dataset(dataset)
+    budget = preflight.check_number(
+        "budget_s", budget_s, minimum=0,
+        fix="give the tuning a positive number of seconds, e.g. budget_s=60.")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ConfigurationError(
+            f"epochs={epochs!r} must be a positive integer: the number of epochs you will train."
+        )
+    dev = preflight.resolve_device(device)
+    strategies = preflight.resolve_pretransforms(pretransform)
+    preflight.check_callable("step", step,
+                             "pass a function that takes a batch (your training step), or None.")
+    preflight.check_callable("collate_fn", collate_fn,
+                             "pass a function that takes a list of samples, or None.")
+    batch_timeout = DEFAULT_BATCH_TIMEOUT_S if batch_timeout_s is None else preflight.check_number(
+        "batch_timeout_s", batch_timeout_s, minimum=0,
+        fix="give the longest a single batch may take, in seconds, or None for the default.")
+    if memory_budget_bytes is not None:
+        memory_budget_bytes = int(preflight.check_number(
+            "memory_budget_bytes", memory_budget_bytes, minimum=0,
+            fix="give a positive number of bytes, or None for half the available RAM."))
+    if max_workers is not None and (
+            isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 0):
+        raise ConfigurationError(
+            f"max_workers={max_workers!r} must be a non-negative integer; use 0 to keep"
+            " loading in the main process."
+        )
+    # The batch sizes are checked against the dataset here, not first when the space is drawn.
+    from .space import resolve_batch_sizes
+
+    resolve_batch_sizes(batch_size, n)
+    if collate_fn is None:
+        preflight.check_collates(dataset, n, batch_size)
+
+    machine = detect_machine()
+    iterable = isinstance(dataset, IterableDataset)
+    ctx = distributed.context(budget)
+    excluded: dict[str, str] = {}
+    if not iterable and pt.holds_cuda_tensors(dataset):
+        max_workers = 0
+        excluded["num_workers>0"] = (
+            "the dataset already holds CUDA tensors, which worker processes cannot share"
+            " (_share_filename_: only available on CPU); only num_workers=0 is searched"
+        )
+        log.info("autotune: %s", excluded["num_workers>0"])
+    if max_workers != 0 and (why := preflight.unpicklable_reason(dataset, collate_fn)) is not None:
+        max_workers = 0
+        excluded["num_workers>0"] = why
+        warnings.warn(why, AutotuneWarning, stacklevel=stacklevel + 1)
+    if iterable and max_workers != 0 and not preflight.shards_by_worker(dataset):
+        warnings.warn(
+            f"{type(dataset).__name__} is an IterableDataset whose __iter__ does not seem to shard the"
+            " stream: with num_workers > 0 each worker replays all of it, so every sample comes"
+            " num_workers times and the measured speed counts the copies. Shard it in __iter__ with"
+            " torch.utils.data.get_worker_info(), or pass max_workers=0.",
+            AutotuneWarning, stacklevel=stacklevel + 1,
+        )
+
+    key_fixed: dict[str, Any] = {
+        "batch_size": batch_size if batch_size is None or isinstance(batch_size, int)
+        else sorted(batch_size),
+        "epochs": epochs,
+        "pretransform": list(strategies),
+        "max_workers": max_workers,
+        "shuffle": shuffle,
+        "collate_fn": getattr(collate_fn, "__qualname__", None if collate_fn is None else "custom"),
+        **(fixed or {}),
+    }
+    if ctx is not None:
+        key_fixed["local_world_size"] = ctx.local_world_size  # the best per-rank setting depends on it
+    workload = profiles.workload_fingerprint(dataset, step=step, device=str(dev), fixed=key_fixed)
+    return Plan(
+        dataset=dataset, step=step, dataset_len=n, batch_size=batch_size, budget_s=budget,
+        epochs=epochs, device=dev, strategies=strategies, max_workers=max_workers,
+        memory_budget_bytes=memory_budget_bytes, batch_timeout_s=batch_timeout, shuffle=shuffle,
+        collate_fn=collate_fn, seed=seed, machine=machine, dist=ctx, workload=workload,
+        key=profiles.profile_key(machine.fingerprint(), workload), excluded=excluded,
+        started_at=started,
+    )
+
+
+def pretransform_choices(
+    dataset: Any, requested: Sequence[str], *, device: torch.device, machine: MachineInfo,
+    budget_s: float, memory_budget_bytes: int | None = None,
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(strategies the search may use, {refused strategy: reason}) for ``dataset``.
+
+    A strategy is refused when the dataset cannot be cached, when the cache would not fit
+    CACHE_BUDGET_FRACTION of the free memory (or, with ``memory_budget_bytes``, what that ceiling
+    leaves above this process's memory now), or when its estimated build would take more than
+    MAX_BUILD_FRACTION of the budget.
+    """
+    ram_budget = int(CACHE_BUDGET_FRACTION * psutil.virtual_memory().available)
+    if memory_budget_bytes is not None:
+        ram_budget = min(ram_budget, max(0, memory_budget_bytes - process_memory()))
+    # Only "none" asked for: nothing to plan, and the probes would read samples for nothing.
+    reasons: dict[str, str | None] = {"none": None} if tuple(requested) == ("none",) else pt.strategies(
+        dataset,
+        cuda=device.type == "cuda",
+        memory_budget_bytes=ram_budget,
+        device_memory_budget_bytes=(
+            int(CACHE_BUDGET_FRACTION * machine.accelerator_memory_bytes)
+            if machine.accelerator_memory_bytes else None
+        ),
+    )
+    build_s = pt.estimate_build_s(dataset) if any(
+        reasons.get(s) is None for s in requested if s != "none") else None
+    if build_s is not None and build_s > MAX_BUILD_FRACTION * budget_s:
+        for s in requested:
+            if s != "none" and reasons.get(s) is None:
+                reasons[s] = (
+                    f"building the cache would take ~{build_s:.0f} s (estimated from a few samples),"
+                    f" more than {MAX_BUILD_FRACTION:.0%} of budget_s={budget_s:g}; raise budget_s so"
+                    " the search can afford to try it"
+                )
+    usable = tuple(s for s in requested if reasons.get(s, "unknown strategy") is None) or ("none",)
+    refused = {s: r for s in requested if (r := reasons.get(s)) is not None}
+    if device.type != "cuda":
+        refused.pop("device", None)  # not a refusal: the strategy does not exist without CUDA
+    return usable, refused
+
+
+def measure_limits(
+    budget_s: float, *, memory_budget_bytes: int | None = None, batch_timeout_s: float | None = None,
+    local_world_size: int = 1,
+) -> MeasureLimits:
+    """The limits every candidate of a ``budget_s`` search is measured with.
+
+    The window is WINDOW_S_PER_BUDGET_S of the budget (within MIN_WINDOW_S..MAX_WINDOW_S); the
+    memory ceiling is what this process uses now plus MEMORY_BUDGET_FRACTION of the free RAM, shared
+    by the ranks on the node, unless ``memory_budget_bytes`` gives it.
+    """
+    window = min(MAX_WINDOW_S, max(MIN_WINDOW_S, budget_s * WINDOW_S_PER_BUDGET_S))
+    if memory_budget_bytes is None:
+        avail = psutil.virtual_memory().available
+        memory_budget_bytes = process_memory() + int(MEMORY_BUDGET_FRACTION * avail / local_world_size)
+    return MeasureLimits(
+        window_s=window, memory_limit_bytes=memory_budget_bytes, trial_timeout_s=max(budget_s, 1.0),
+        batch_timeout_s=DEFAULT_BATCH_TIMEOUT_S if batch_timeout_s is None else batch_timeout_s,
+    )
