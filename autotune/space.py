@@ -3,14 +3,16 @@
 A :class:`Candidate` is one point; a :class:`SearchSpace` says which points are feasible. Infeasible
 combinations are excluded here, by construction, so the search never samples one (see
 ``SearchSpace.check``): ``prefetch_factor`` and ``persistent_workers`` exist only with workers,
-``pin_memory`` only with CUDA, the ``device`` pre-transform only with CUDA and ``num_workers=0``.
+``pin_memory`` only with CUDA, the ``device`` pre-transform only with CUDA and without worker
+processes, thread workers only where the caller allows them (map-style datasets), out-of-order
+delivery only with workers and where the order of batches does not matter (see NOTE [ Worker kinds ]).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .exceptions import ConfigurationError
@@ -25,6 +27,9 @@ DEFAULT_BATCH_SIZES = (16, 32, 64, 128, 256)
 BASELINE_BATCH_SIZE = 32
 """The batch size the PyTorch-defaults baseline uses when the batch size is searched, not fixed."""
 
+WORKER_KINDS = ("process", "thread")
+"""Worker processes (torch's DataLoader) or threads in the main process (autotune.threads)."""
+
 PREFETCH_FACTORS = (1, 2, 4, 8)
 """Batches each worker keeps ready. PyTorch's default is 2; more only helps bursty samples."""
 
@@ -34,6 +39,13 @@ WORKERS_PER_CPU = 4
 MAX_WORKERS = 64
 """Hard ceiling on the worker bound, whatever the core count."""
 
+THREADS_PER_CPU = 4
+"""The thread bound is this many per usable CPU: as for processes, a thread waiting on storage uses
+no CPU, and a CPU-bound one past one per core only competes (see NOTE [ Worker bound ])."""
+
+MAX_THREADS = 32
+"""Hard ceiling on the thread bound: past it the GIL hand-offs between threads cost more than they hide."""
+
 # NOTE [ Worker bound ]
 # num_workers is searched from 0 to min(WORKERS_PER_CPU * cpus, MAX_WORKERS), where cpus is the number
 # of CPUs usable by this process (its affinity mask) divided by the number of ranks sharing the node.
@@ -42,18 +54,34 @@ MAX_WORKERS = 64
 # uses no CPU: the simulated 5 ms remote-storage read needs 4+ workers per core to saturate a core.
 # Beyond four per core, per-worker memory and start-up time outweigh any gain we have seen.
 
+# NOTE [ Worker kinds ]
+# Worker processes pay a start per worker, pickling under spawn, a copy of every batch through shared
+# memory, and cannot share CUDA tensors; thread workers (autotune.threads) pay none of that but share
+# the GIL, so they help where the per-sample work releases it (decoding, tensor ops, I/O). Both are
+# searched where both apply, with the same prefetch choices; a candidate's ``num_workers`` counts its
+# workers of either kind. Thread workers need a map-style dataset; they are the only workers for data
+# that lives on the GPU (the ``device`` cache, CUDA tensors) or that cannot be pickled. The caller
+# decides where they apply (``build_space(thread_workers=...)``), this module how many.
+# ``in_order=False`` hands out each batch as soon as any worker has one (torch >= 2.6 for processes),
+# so a slow sample no longer stalls the ones behind it; it is searched only where the caller says the
+# order of batches does not matter (``resolve_in_order``), and only with workers.
+
 # NOTE [ persistent_workers is decided, not searched ]
 # persistent_workers changes nothing in the steady state; its only effect on speed is that workers start
 # once instead of once per epoch, which the score accounts for exactly (NOTE [ Score ] in study.py), and
 # the memory it keeps between epochs is the memory the trial already measured. So with workers it is
 # True whenever more than one epoch is expected, and the search spends its trials on settings that
 # need measuring. A dataset that must be re-read by fresh workers every epoch can still override it.
+# Thread workers start in microseconds: they are never persistent.
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One DataLoader configuration, plus the two settings around it that the tuner also decides.
 
+    ``num_workers`` counts the workers of kind ``worker_kind``: ``"process"`` (torch's worker
+    processes) or ``"thread"`` (threads of :class:`autotune.threads.ThreadDataLoader`); with no workers
+    the kind is ``"process"``. ``in_order=False`` hands out batches as soon as they are ready.
     ``torch_threads`` is the intra-op thread count for the main process (``None``: leave it as it is).
     It matters on CPU-only machines, where the step competes with the workers for the same cores.
     """
@@ -65,26 +93,73 @@ class Candidate:
     persistent_workers: bool = False
     pretransform: str = "none"
     torch_threads: int | None = None
+    worker_kind: str = "process"
+    in_order: bool = True
+
+    @property
+    def threaded(self) -> bool:
+        """Whether the workers are threads (then a plain torch DataLoader cannot express it)."""
+        return self.worker_kind == "thread" and self.num_workers > 0
+
+    @property
+    def loader_class(self) -> str:
+        """The class ``loader_kwargs()`` is for, as it would be imported in a script."""
+        return "autotune.ThreadDataLoader" if self.threaded else "torch.utils.data.DataLoader"
 
     def loader_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments for ``torch.utils.data.DataLoader``; only the ones that apply."""
-        kwargs: dict[str, Any] = {
-            "batch_size": self.batch_size,
-            "num_workers": self.num_workers,
-            "pin_memory": self.pin_memory,
-        }
-        if self.num_workers > 0:
+        """The keyword arguments for :attr:`loader_class`; only the ones that apply.
+
+        For process workers (or none) they are ``torch.utils.data.DataLoader``'s (``in_order`` is
+        given only when False; torch >= 2.6 accepts it). Thread workers cannot be expressed with a
+        plain DataLoader: their kwargs are ``ThreadDataLoader``'s (``worker_threads`` and
+        ``prefetch_per_thread``; ``num_workers`` is 0 there, since no worker process is started), so
+        pasting them into a plain DataLoader fails loudly instead of loading without the threads.
+        """
+        kwargs: dict[str, Any] = {"batch_size": self.batch_size}
+        if self.threaded:
+            kwargs["num_workers"] = 0
+            kwargs["worker_threads"] = self.num_workers
+            kwargs["prefetch_per_thread"] = self.prefetch_factor
+        else:
+            kwargs["num_workers"] = self.num_workers
+        kwargs["pin_memory"] = self.pin_memory
+        if self.num_workers > 0 and not self.threaded:
             kwargs["prefetch_factor"] = self.prefetch_factor
             kwargs["persistent_workers"] = self.persistent_workers
+        if not self.in_order:
+            kwargs["in_order"] = False
         return kwargs
 
+    @classmethod
+    def from_loader_kwargs(
+        cls, kwargs: dict[str, Any], *, pretransform: str = "none", torch_threads: int | None = None
+    ) -> Candidate:
+        """The candidate whose :meth:`loader_kwargs` are ``kwargs`` (either loader class)."""
+        threads = int(kwargs.get("worker_threads", 0) or 0)
+        return cls(
+            batch_size=int(kwargs["batch_size"]),
+            num_workers=threads or int(kwargs.get("num_workers", 0)),
+            pin_memory=bool(kwargs.get("pin_memory", False)),
+            prefetch_factor=kwargs.get("prefetch_per_thread") if threads else kwargs.get("prefetch_factor"),
+            persistent_workers=bool(kwargs.get("persistent_workers", False)),
+            pretransform=pretransform,
+            torch_threads=torch_threads,
+            worker_kind="thread" if threads else "process",
+            in_order=bool(kwargs.get("in_order", True)),
+        )
+
     def label(self) -> str:
-        """A short, human-readable name: ``bs=64 w=3 pf=2 persist pin ram t=1``."""
+        """A short, human-readable name: ``bs=64 w=3 pf=2 persist pin ram t=1``, ``w=2 thr pf=2 unordered``
+        (``thr``: thread workers; ``unordered``: batches handed out as soon as they are ready)."""
         parts = [f"bs={self.batch_size}", f"w={self.num_workers}"]
+        if self.threaded:
+            parts.append("thr")
         if self.num_workers > 0:
             parts.append(f"pf={self.prefetch_factor}")
             if self.persistent_workers:
                 parts.append("persist")
+            if not self.in_order:
+                parts.append("unordered")
         if self.pin_memory:
             parts.append("pin")
         if self.pretransform != "none":
@@ -107,6 +182,7 @@ class SearchSpace:
 
     batch_sizes: tuple[int, ...]
     max_workers: int
+    """The most worker processes searched; 0: none (loading stays in the main process or threads)."""
     cuda: bool = False
     pretransforms: tuple[str, ...] = ("none",)
     prefetch_factors: tuple[int, ...] = PREFETCH_FACTORS
@@ -116,6 +192,10 @@ class SearchSpace:
     baseline_batch_size: int = BASELINE_BATCH_SIZE
     excluded: dict[str, str] = field(default_factory=dict)
     """Settings left out of the space, each with the reason (logged and reported)."""
+    max_threads: int = 0
+    """The most thread workers searched; 0: none (see NOTE [ Worker kinds ])."""
+    in_order_choices: tuple[bool, ...] = (True,)
+    """``(True,)``, or ``(True, False)`` where out-of-order delivery is searched too."""
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
@@ -124,31 +204,72 @@ class SearchSpace:
             )
         if self.max_workers < 0:
             raise ConfigurationError(f"max_workers={self.max_workers} must be >= 0.")
+        if self.max_threads < 0:
+            raise ConfigurationError(f"max_threads={self.max_threads} must be >= 0.")
         unknown = set(self.pretransforms) - set(PRETRANSFORMS)
         if unknown or not self.pretransforms:
             raise ConfigurationError(
                 f"pretransforms={self.pretransforms!r}: each must be one of {PRETRANSFORMS}."
             )
+        if self.in_order_choices not in ((True,), (True, False)):
+            raise ConfigurationError(
+                f"in_order_choices={self.in_order_choices!r} must be (True,) or (True, False):"
+                " in-order delivery is always possible, out-of-order only where it is searched."
+            )
 
     @property
     def worker_choices(self) -> range:
+        """Worker-process counts, 0 (no workers) included."""
         return range(0, self.max_workers + 1)
+
+    def worker_kinds(self, pretransform: str = "none") -> tuple[str, ...]:
+        """The kinds of workers that exist with ``pretransform`` (worker processes never share the
+        ``device`` cache)."""
+        kinds: list[str] = []
+        if self.max_workers > 0 and pretransform != "device":
+            kinds.append("process")
+        if self.max_threads > 0:
+            kinds.append("thread")
+        return tuple(kinds)
 
     def check(self, c: Candidate) -> str | None:
         """The reason ``c`` is infeasible in this space, or ``None`` when it is feasible."""
         if c.batch_size not in self.batch_sizes and c.batch_size != self.baseline_batch_size:
             return f"batch_size={c.batch_size} is not among {self.batch_sizes}"
-        if not 0 <= c.num_workers <= self.max_workers:
-            return f"num_workers={c.num_workers} is outside 0..{self.max_workers}"
-        if c.num_workers == 0 and (c.prefetch_factor is not None or c.persistent_workers):
-            return "prefetch_factor and persistent_workers need num_workers > 0"
+        if c.worker_kind not in WORKER_KINDS:
+            return f"worker_kind={c.worker_kind!r} is not one of {WORKER_KINDS}"
+        if c.num_workers < 0:
+            return f"num_workers={c.num_workers} is negative"
+        if c.num_workers == 0:
+            if c.prefetch_factor is not None or c.persistent_workers:
+                return "prefetch_factor and persistent_workers need num_workers > 0"
+            if c.worker_kind != "process" or not c.in_order:
+                return ("worker_kind and in_order describe workers: with num_workers=0 they stay at"
+                        " their defaults")
+        elif c.worker_kind == "thread":
+            if self.max_threads == 0:
+                reason = self.excluded.get("thread workers", "they are not searched for this dataset")
+                return f"thread workers: {reason}"
+            if c.num_workers > self.max_threads:
+                return f"{c.num_workers} thread workers is outside 1..{self.max_threads}"
+            if c.persistent_workers:
+                return "thread workers are never persistent: they start in microseconds"
+        else:
+            if c.num_workers > self.max_workers:
+                why = self.excluded.get("num_workers>0")
+                if self.max_workers == 0 and why:
+                    return f"num_workers={c.num_workers}: {why}"
+                return f"num_workers={c.num_workers} is outside 0..{self.max_workers}"
+            if c.persistent_workers != self.persistent:
+                return (
+                    f"persistent_workers={c.persistent_workers}: it is {self.persistent} for every"
+                    " candidate with workers, as the expected number of epochs decides"
+                )
         if c.num_workers > 0 and c.prefetch_factor not in self.prefetch_factors:
             return f"prefetch_factor={c.prefetch_factor} is not among {self.prefetch_factors}"
-        if c.num_workers > 0 and c.persistent_workers != self.persistent:
-            return (
-                f"persistent_workers={c.persistent_workers}: it is {self.persistent} for every"
-                " candidate with workers, as the expected number of epochs decides"
-            )
+        if c.in_order not in self.in_order_choices:
+            return ("in_order=False: out-of-order delivery is searched only where the order of batches"
+                    " does not matter")
         if c.pin_memory and not self.cuda:
             return "pin_memory needs CUDA"
         if c.pretransform not in self.pretransforms and c.pretransform != "none":
@@ -156,10 +277,10 @@ class SearchSpace:
             return f"pretransform={c.pretransform!r}: {reason}"
         if c.pretransform == "device" and c.pin_memory:
             return "pretransform='device' keeps batches on the GPU already: pin_memory does not apply"
-        if c.pretransform == "device" and c.num_workers > 0:
+        if c.pretransform == "device" and c.num_workers > 0 and not c.threaded:
             return (
-                "pretransform='device' needs num_workers=0: worker processes cannot share CUDA"
-                " tensors (_share_filename_: only available on CPU)"
+                "pretransform='device' needs num_workers=0 or thread workers: worker processes cannot"
+                " share CUDA tensors (_share_filename_: only available on CPU)"
             )
         if c.torch_threads not in self.torch_threads and c.torch_threads is not None:
             return f"torch_threads={c.torch_threads} is not among {self.torch_threads}"
@@ -181,6 +302,15 @@ class SearchSpace:
             torch_threads=self.torch_threads[-1],
         )
 
+    def workers(self, kind: str, count: int, prefetch: int | None, in_order: bool = True) -> dict[str, Any]:
+        """The worker fields of a candidate with ``count`` workers of ``kind`` (none when 0)."""
+        if count == 0:
+            return {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False,
+                    "worker_kind": "process", "in_order": True}
+        return {"num_workers": count, "prefetch_factor": prefetch,
+                "persistent_workers": self.persistent and kind == "process", "worker_kind": kind,
+                "in_order": in_order}
+
     def grid(self) -> Iterator[Candidate]:
         """Every feasible candidate, in a fixed order (the exhaustive search benchmarks compare to)."""
         pins = (False, True) if self.cuda else (False,)
@@ -189,14 +319,14 @@ class SearchSpace:
         ):
             if pt == "device" and pin:
                 continue
-            for workers in self.worker_choices:
-                if pt == "device" and workers:
-                    break
-                if workers == 0:
-                    yield Candidate(bs, 0, pin, None, False, pt, threads)
-                    continue
-                for pf in self.prefetch_factors:
-                    yield Candidate(bs, workers, pin, pf, self.persistent, pt, threads)
+            base = Candidate(bs, pin_memory=pin, pretransform=pt, torch_threads=threads)
+            yield base
+            for kind in self.worker_kinds(pt):
+                bound = self.max_workers if kind == "process" else self.max_threads
+                for workers, pf, in_order in itertools.product(
+                    range(1, bound + 1), self.prefetch_factors, self.in_order_choices
+                ):
+                    yield replace(base, **self.workers(kind, workers, pf, in_order))
 
     def size(self) -> int:
         return sum(1 for _ in self.grid())
@@ -209,6 +339,28 @@ def worker_bound(usable_cpus: int, local_world_size: int = 1) -> int:
     """The largest ``num_workers`` searched (see NOTE [ Worker bound ])."""
     per_rank = max(1, usable_cpus // max(1, local_world_size))
     return min(WORKERS_PER_CPU * per_rank, MAX_WORKERS)
+
+
+def thread_bound(usable_cpus: int, local_world_size: int = 1) -> int:
+    """The largest number of thread workers searched (see THREADS_PER_CPU)."""
+    per_rank = max(1, usable_cpus // max(1, local_world_size))
+    return min(THREADS_PER_CPU * per_rank, MAX_THREADS)
+
+
+def resolve_in_order(in_order: bool | None, *, shuffle: bool) -> tuple[bool, ...]:
+    """The ``in_order`` values to search, from the user's ``in_order`` argument.
+
+    ``None``: out-of-order delivery too only with ``shuffle=True`` (the order is random anyway);
+    ``True``: never; ``False``: search it even without shuffling (the user says order does not matter).
+    """
+    if in_order is not None and not isinstance(in_order, bool):
+        raise ConfigurationError(
+            f"in_order={in_order!r} must be True, False or None; None searches out-of-order delivery"
+            " only with shuffle=True, False searches it whatever the order, True never."
+        )
+    if in_order is None:
+        return (True, False) if shuffle else (True,)
+    return (True,) if in_order else (True, False)
 
 
 def thread_choices(machine: MachineInfo, local_world_size: int = 1) -> tuple[int | None, ...]:
@@ -266,17 +418,25 @@ def build_space(
     local_world_size: int = 1,
     excluded: dict[str, str] | None = None,
     epochs: int = 10,
+    thread_workers: bool = False,
+    max_threads: int | None = None,
+    in_order_choices: Sequence[bool] = (True,),
 ) -> SearchSpace:
-    """The space for this machine and the user's fixed choices."""
+    """The space for this machine and the user's fixed choices.
+
+    ``max_workers`` bounds the worker processes (0 where they cannot be used); ``thread_workers``
+    says whether thread workers apply (map-style datasets), ``max_threads`` bounds them below the
+    machine's :func:`thread_bound`; ``in_order_choices`` comes from :func:`resolve_in_order`.
+    """
     sizes, baseline = resolve_batch_sizes(batch_size, dataset_len)
     bound = worker_bound(machine.usable_cpus, local_world_size)
     if max_workers is not None:
-        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 0:
-            raise ConfigurationError(
-                f"max_workers={max_workers!r} must be a non-negative integer; use 0 to keep"
-                " loading in the main process."
-            )
+        _check_bound("max_workers", max_workers)
         bound = min(bound, max_workers)
+    threads = thread_bound(machine.usable_cpus, local_world_size) if thread_workers else 0
+    if max_threads is not None:
+        _check_bound("max_threads", max_threads)
+        threads = min(threads, max_threads)
     pts = tuple(p for p in PRETRANSFORMS if p in pretransforms)
     if "device" in pts and not cuda:
         pts = tuple(p for p in pts if p != "device")
@@ -289,4 +449,13 @@ def build_space(
         persistent=epochs > 1,
         baseline_batch_size=baseline,
         excluded=dict(excluded or {}),
+        max_threads=threads,
+        in_order_choices=(True, False) if False in tuple(in_order_choices) else (True,),
     )
+
+
+def _check_bound(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(
+            f"{name}={value!r} must be a non-negative integer; use 0 to keep loading in the main process."
+        )

@@ -110,7 +110,8 @@ class TrialRecord:
 
 @dataclass(frozen=True)
 class Summary:
-    """Median figures of one candidate over its measurements."""
+    """One candidate over all its measurements: the medians of throughput, busy and wait fractions
+    and score; ``spread`` = (max - min) / median of the throughput; the highest peak memory."""
 
     candidate: Candidate
     samples_per_s: float
@@ -119,7 +120,6 @@ class Summary:
     score: float
     spread: float
     peak_memory_bytes: int
-    n: int
 
 
 @dataclass(frozen=True)
@@ -145,11 +145,12 @@ class SearchSettings:
 
 @dataclass(frozen=True)
 class SearchOutcome:
+    """What a search found: the pick, the baseline from the same finals, every trial."""
+
     best: Summary
     baseline: Summary | None
     speedup: float | None
     trials: tuple[TrialRecord, ...]
-    elapsed_s: float
     study_name: str | None
 
 
@@ -176,9 +177,21 @@ def _is_oom(err: BaseException) -> bool:
 def describe_error(err: BaseException) -> str:
     """``Type: message`` on one line; for an error re-raised from a worker, the original's last line."""
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    if len(lines) > 1 and "worker process" in lines[0]:
+    if len(lines) > 1 and ("worker process" in lines[0] or "thread worker" in lines[0]):
         return f"{type(err).__name__} in a worker: {lines[-1][:300]}"
     return f"{type(err).__name__}: {(lines or [''])[0][:300]}"
+
+
+def _worker_param(space: SearchSpace, pretransform: str, kind: str) -> tuple[str, int] | None:
+    """The Optuna parameter (name, upper bound) that counts workers of ``kind``, if any.
+
+    Each kind has its own parameter, so every parameter keeps one distribution for the whole study;
+    with both kinds, ``worker_kind`` chooses between them and 0 threads is the same candidate as 0
+    processes (the search counts such a repeat once).
+    """
+    if kind not in space.worker_kinds(pretransform):
+        return None
+    return ("num_workers", space.max_workers) if kind == "process" else ("worker_threads", space.max_threads)
 
 
 def params_of(c: Candidate, space: SearchSpace) -> dict[str, Any]:
@@ -188,10 +201,17 @@ def params_of(c: Candidate, space: SearchSpace) -> dict[str, Any]:
         params["batch_size"] = c.batch_size
     if len(space.pretransforms) > 1:
         params["pretransform"] = c.pretransform
-    if c.pretransform != "device" and space.max_workers > 0:
-        params["num_workers"] = c.num_workers
+    kinds = space.worker_kinds(c.pretransform)
+    kind = kinds[0] if len(kinds) == 1 else c.worker_kind
+    if len(kinds) > 1:
+        params["worker_kind"] = kind
+    counted = _worker_param(space, c.pretransform, kind)
+    if counted is not None:
+        params[counted[0]] = c.num_workers
     if c.num_workers > 0:
         params["prefetch_factor"] = c.prefetch_factor
+        if len(space.in_order_choices) > 1:
+            params["in_order"] = c.in_order
     if space.cuda and c.pretransform != "device":
         params["pin_memory"] = c.pin_memory
     if len(space.torch_threads) > 1:
@@ -211,43 +231,62 @@ def suggest(trial: optuna.Trial, space: SearchSpace) -> Candidate:
         if len(space.pretransforms) > 1
         else space.pretransforms[0]
     )
+    kinds = space.worker_kinds(pt)
+    kind = "process"
+    if len(kinds) > 1:
+        kind = str(trial.suggest_categorical("worker_kind", list(kinds)))
+    elif kinds:
+        kind = kinds[0]
     workers = 0
-    if pt != "device" and space.max_workers > 0:
-        workers = trial.suggest_int("num_workers", 0, space.max_workers)
+    counted = _worker_param(space, pt, kind)
+    if counted is not None:
+        workers = trial.suggest_int(counted[0], 0, counted[1])
     prefetch: int | None = None
-    persistent = False
+    in_order = True
     if workers > 0:
         prefetch = trial.suggest_categorical("prefetch_factor", list(space.prefetch_factors))
-        persistent = space.persistent
+        if len(space.in_order_choices) > 1:
+            in_order = bool(trial.suggest_categorical("in_order", list(space.in_order_choices)))
     pin = False
     if space.cuda and pt != "device":
         pin = trial.suggest_categorical("pin_memory", [False, True])
     threads = space.torch_threads[0]
     if len(space.torch_threads) > 1:
         threads = int(trial.suggest_categorical("torch_threads", [int(t or 0) for t in space.torch_threads]))
-    return Candidate(bs, workers, pin, prefetch, persistent, pt, threads)
+    return Candidate(bs, pin_memory=pin, pretransform=pt, torch_threads=threads,
+                     **space.workers(kind, workers, prefetch, in_order))
 
 
 def warm_starts(space: SearchSpace, usable_cpus: int) -> list[Candidate]:
     """Points that span the worker range, so the sampler starts from informed corners."""
     heuristic = space.heuristic(usable_cpus)
+
+    def with_workers(base: Candidate, kind: str, count: int) -> Candidate:
+        return replace(base, **space.workers(kind, count, 2 if count else None))
+
     points = [heuristic]
     for workers in (min(usable_cpus, space.max_workers), space.max_workers):
         if workers > 0:
-            points.append(replace(heuristic, num_workers=workers, prefetch_factor=2,
-                                  persistent_workers=space.persistent))
+            points.append(with_workers(heuristic, "process", workers))
+    if space.max_threads > 0:
+        # One background thread already hides loading behind the step where loading is light.
+        for threads in sorted({1, min(usable_cpus, space.max_threads)}):
+            points.append(with_workers(heuristic, "thread", threads))
+    if False in space.in_order_choices:
+        ordered = next((p for p in points if p.num_workers > 0), None)
+        if ordered is not None:
+            points.append(replace(ordered, in_order=False))
     for strategy in ("ram", "device"):
         if strategy not in space.pretransforms:
             continue
+        cached = replace(heuristic, pretransform=strategy,
+                         pin_memory=heuristic.pin_memory and strategy != "device")
         # A cache often needs no workers at all (nothing left to compute per sample), and with a
-        # random rest it may still want some: start from both.
+        # random rest it may still want some: start from both, and from one thread where threads apply.
         for workers in sorted({0, 0 if strategy == "device" else heuristic.num_workers}):
-            points.append(replace(
-                heuristic, pretransform=strategy, num_workers=workers,
-                prefetch_factor=2 if workers else None,
-                persistent_workers=space.persistent and bool(workers),
-                pin_memory=heuristic.pin_memory and strategy != "device",
-            ))
+            points.append(with_workers(cached, "process", workers))
+        if space.max_threads > 0:
+            points.append(with_workers(cached, "thread", 1))
     unique: list[Candidate] = []
     for p in points:
         if p not in unique and space.check(p) is None:
@@ -267,42 +306,21 @@ def _quiet_optuna() -> Iterator[None]:
         logger.setLevel(old)
 
 
-class _Search:
-    """One search run: the state shared by the phases of NOTE [ Search ]."""
+class _Ledger:
+    """Every trial of one search so far, and the figures the phases decide on."""
 
-    def __init__(self, dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpace,
-                 settings: SearchSettings, progress: Progress,
-                 evaluate: Callable[..., Measurement] = measure) -> None:
-        self.evaluate = evaluate
-        self.dataset = dataset
-        self.step = step
-        self.space = space
-        self.s = settings
+    def __init__(self, settings: SearchSettings, progress: Progress) -> None:
+        self.settings = settings
         self.progress = progress
-        self.started = settings.started_at if settings.started_at is not None else time.monotonic()
-        self.deadline = self.started + settings.budget_s
         self.records: list[TrialRecord] = []
         self.by_candidate: dict[Candidate, list[TrialRecord]] = {}
         self.user_errors: list[tuple[BaseException, Candidate]] = []
-        self.oom_batch: int | None = None
         self.best_sps = 0.0
         self.best_score = 0.0
-        self.study_name = settings.study_name
-
-    # -- measuring ---------------------------------------------------------------------------------
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def expected_trial_s(self) -> float:
-        done = [r.duration_s for r in self.records if r.state == "complete"]
-        if done:
-            return statistics.median(done)
-        return 2.0 * self.s.limits.window_s + 1.0
 
     def record(self, c: Candidate, phase: str, state: str, *, m: Measurement | None = None,
                reason: str | None = None, duration_s: float = 0.0) -> TrialRecord:
-        sc = score(m, c, self.s.dataset_len, self.s.epochs) if m is not None else None
+        sc = score(m, c, self.settings.dataset_len, self.settings.epochs) if m is not None else None
         rec = TrialRecord(len(self.records), phase, c, state, m, sc, reason, duration_s)
         self.records.append(rec)
         if m is not None and sc is not None:
@@ -316,134 +334,11 @@ class _Search:
             log.info("%s trial %s: %s (%s)", phase, c.label(), state, reason)
         return rec
 
-    def run(self, c: Candidate, phase: str,
-            report: Callable[[int, float], None] | None = None) -> TrialRecord:
-        reason = self.space.check(c)
-        if reason is not None:
-            return self.record(c, phase, "infeasible", reason=reason)
-        if self.oom_batch is not None and c.batch_size >= self.oom_batch:
-            return self.record(c, phase, "infeasible", reason=(
-                f"batch_size={c.batch_size} >= {self.oom_batch}, which ran out of memory"))
-        cap = max(1.0, min(self.s.limits.trial_timeout_s, self.left()))
-        limits = replace(self.s.limits, trial_timeout_s=cap)
-
-        def on_progress(batches: int, sps: float) -> bool:
-            if report is not None:
-                report(batches, sps)
-            return phase == "search" and self.best_sps > 0 and sps < PRUNE_RATIO * self.best_sps
-
-        t0 = time.monotonic()
-        try:
-            m = self.evaluate(self.dataset, c, step=self.step, device=self.s.device, limits=limits,
-                              progress=on_progress, shuffle=self.s.shuffle,
-                              collate_fn=self.s.collate_fn, seed=self.s.seed)
-        except TrialPruned as err:
-            return self.record(c, phase, "pruned", reason=str(err),
-                               duration_s=time.monotonic() - t0)
-        except CandidateError as err:
-            return self.record(c, phase, "failed", reason=f"{type(err).__name__}: {err}",
-                               duration_s=time.monotonic() - t0)
-        except Exception as err:  # the user's dataset or step: kept, re-raised if nothing works
-            self.user_errors.append((err, c))
-            if _is_oom(err):
-                self.oom_batch = min(self.oom_batch or c.batch_size, c.batch_size)
-            return self.record(c, phase, "failed", reason=describe_error(err),
-                               duration_s=time.monotonic() - t0)
-        return self.record(c, phase, "complete", m=m, duration_s=time.monotonic() - t0)
-
-    # -- phases ------------------------------------------------------------------------------------
-
-    def search(self) -> None:
-        baseline = self.space.baseline()
-        self.run(baseline, "baseline")
-        for strategy, why in self.s.refused.items():
-            c = replace(baseline, pretransform=strategy)
-            self.record(c, "search", "infeasible", reason=f"pretransform={strategy!r}: {why}")
-
-        final_reserve = FINAL_FRACTION * self.s.budget_s
-        sampler = optuna.samplers.TPESampler(seed=self.s.seed, n_startup_trials=6)
-        with _quiet_optuna(), self.open_study(sampler) as study:
-            study.set_user_attr("space", _jsonable(self.space.to_dict()))
-            starts = warm_starts(self.space, self.s.usable_cpus)
-            for c in starts:
-                study.enqueue_trial(params_of(c, self.space), skip_if_exists=True)
-            idle = 0
-            warm = len(starts)
-            tried = 0  # searched candidates, repeats not counted
-            best, best_at = self.best_score, 0
-            while idle < MAX_IDLE_PROPOSALS and self.left() - final_reserve > self.expected_trial_s():
-                if tried > warm and tried - best_at >= PATIENCE:
-                    log.info("search converged after %d candidates; stopping early", tried)
-                    break
-                trial = study.ask()
-                c = suggest(trial, self.space)
-                trial.set_user_attr("candidate", c.label())
-                seen = self.by_candidate.get(c)
-                if seen:
-                    # A repeat adds nothing to the search; its measurement counts again for TPE.
-                    study.tell(trial, seen[-1].score)
-                    idle += 1
-                    continue
-
-                def report(batches: int, sps: float, _t: optuna.Trial = trial) -> None:
-                    _t.report(sps, batches)
-
-                try:
-                    rec = self.run(c, "search", report)
-                except BaseException:
-                    # Ctrl-C or the user's own fatal error: the stored trial must not stay RUNNING.
-                    with contextlib.suppress(Exception):
-                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                    raise
-                tried += 1
-                if self.best_score > best * (1.0 + TIE_TOLERANCE):
-                    best, best_at = self.best_score, tried
-                trial.set_user_attr("state", rec.state)
-                if rec.reason:
-                    trial.set_user_attr("reason", rec.reason)
-                if rec.state == "complete":
-                    assert rec.measurement is not None and rec.score is not None
-                    trial.set_user_attr("measurement", rec.measurement.to_dict())
-                    study.tell(trial, rec.score)
-                    idle = 0
-                elif rec.state == "pruned":
-                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                    idle = 0
-                else:
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                    idle = idle + 1 if rec.state == "infeasible" else 0
-
-    @contextlib.contextmanager
-    def open_study(self, sampler: optuna.samplers.BaseSampler) -> Iterator[optuna.Study]:
-        """The study, kept in the profile store's database when it can be; in memory otherwise.
-
-        The database connections are closed when the search ends, not left to the garbage collector.
-        """
-        storage: optuna.storages.RDBStorage | None = None
-        if self.s.storage_url is not None:
-            try:
-                storage = _rdb_storage(self.s.storage_url)
-                study = optuna.create_study(
-                    direction="maximize", sampler=sampler, storage=storage,
-                    study_name=self.s.study_name, load_if_exists=False,
-                )
-            except Exception as err:  # noqa: BLE001 - any storage failure leaves tuning possible
-                if storage is not None:
-                    storage.engine.dispose()
-                    storage = None
-                warnings.warn(
-                    f"the study could not be kept in {self.s.storage_url!r} ({type(err).__name__}:"
-                    f" {err}); it is kept in memory, so it will not show in optuna-dashboard.",
-                    ProfileStoreWarning, stacklevel=5,
-                )
-        if storage is None:
-            self.study_name = None
-            study = optuna.create_study(direction="maximize", sampler=sampler)
-        try:
-            yield study
-        finally:
-            if storage is not None:
-                storage.engine.dispose()
+    def expected_trial_s(self) -> float:
+        done = [r.duration_s for r in self.records if r.state == "complete"]
+        if done:
+            return statistics.median(done)
+        return 2.0 * self.settings.limits.window_s + 1.0
 
     def summarize(self, c: Candidate) -> Summary:
         recs = self.by_candidate[c]
@@ -458,7 +353,6 @@ class _Search:
             score=statistics.median(r.score for r in recs if r.score is not None),
             spread=(max(sps) - min(sps)) / med if med > 0 else 0.0,
             peak_memory_bytes=max(m.peak_memory_bytes for m in ms),
-            n=len(ms),
         )
 
     def pick(self, finalists: list[Candidate]) -> Summary:
@@ -468,44 +362,8 @@ class _Search:
         tied = [s for s in summaries if s.score >= (1.0 - TIE_TOLERANCE) * top]
         return min(tied, key=lambda s: (s.candidate.num_workers, s.peak_memory_bytes, -s.score))
 
-    def finalize(self) -> SearchOutcome:
-        baseline = self.space.baseline()
-        ranked = sorted(self.by_candidate, key=lambda c: -self.summarize(c).score)
-        finalists = [c for c in ranked if c != baseline][:FINALISTS]
-        if baseline in self.by_candidate:
-            finalists.append(baseline)
-        if len(finalists) > 1:
-            # Interleaved rounds, each in a rotated order; the best-ranked go first in round one,
-            # so a budget that allows only part of a round still re-measures the leader and baseline.
-            cost = {c: statistics.median(r.duration_s for r in self.by_candidate[c]) for c in finalists}
-            first = [finalists[0], *([baseline] if baseline in cost else []), *finalists[1:]]
-            first = list(dict.fromkeys(first))
-            final_started = time.monotonic()
-            pick = self.pick(finalists).candidate
-            for r in range(MAX_FINAL_ROUNDS):
-                order = first[r % len(first):] + first[:r % len(first)]
-                if r and self.left() < sum(cost.values()):
-                    break
-                used = time.monotonic() - final_started
-                if r >= MIN_FINAL_ROUNDS and used + sum(cost.values()) > FINAL_FRACTION * self.s.budget_s:
-                    break
-                for c in order:
-                    if self.left() < cost[c]:
-                        break
-                    self.run(c, "final")
-                previous, pick = pick, self.pick(finalists).candidate
-                if r + 1 >= MIN_FINAL_ROUNDS and pick == previous:
-                    break  # another round did not change the pick: the order is settled
-        best = self.pick(finalists)
-        base = self.summarize(baseline) if baseline in self.by_candidate else None
-        speedup = (best.score / base.score) if base and base.score else None
-        return SearchOutcome(best, base, speedup, tuple(self.records),
-                             time.monotonic() - self.started, self.study_name)
-
-    def fail(self) -> BaseException:
+    def failure(self) -> BaseException:
         """The error to raise when nothing completed: the user's own, else a summary."""
-        complete = any(r.state == "complete" for r in self.records)
-        assert not complete
         if self.user_errors:
             err, c = self.user_errors[0]
             tried = sum(1 for r in self.records if r.state in ("failed", "pruned", "complete"))
@@ -516,10 +374,190 @@ class _Search:
             return err
         reasons = sorted({r.reason or r.state for r in self.records})
         return TuningFailed(
-            f"no candidate could be measured within budget_s={self.s.budget_s:g}; reasons: "
+            f"no candidate could be measured within budget_s={self.settings.budget_s:g}; reasons: "
             + "; ".join(reasons[:5])
             + ". Raise budget_s, or check the dataset with a plain DataLoader first."
         )
+
+
+class _Runner:
+    """Measures one candidate at a time, within what is left of the budget, into the ledger."""
+
+    def __init__(self, dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpace,
+                 settings: SearchSettings, ledger: _Ledger, evaluate: Callable[..., Measurement]) -> None:
+        self.dataset = dataset
+        self.step = step
+        self.space = space
+        self.settings = settings
+        self.ledger = ledger
+        self.evaluate = evaluate
+        started = settings.started_at if settings.started_at is not None else time.monotonic()
+        self.deadline = started + settings.budget_s
+        self.oom_batch: int | None = None
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def run(self, c: Candidate, phase: str,
+            report: Callable[[int, float], None] | None = None) -> TrialRecord:
+        ledger, settings = self.ledger, self.settings
+        reason = self.space.check(c)
+        if reason is not None:
+            return ledger.record(c, phase, "infeasible", reason=reason)
+        if self.oom_batch is not None and c.batch_size >= self.oom_batch:
+            return ledger.record(c, phase, "infeasible", reason=(
+                f"batch_size={c.batch_size} >= {self.oom_batch}, which ran out of memory"))
+        cap = max(1.0, min(settings.limits.trial_timeout_s, self.left()))
+        limits = replace(settings.limits, trial_timeout_s=cap)
+
+        def on_progress(batches: int, sps: float) -> bool:
+            if report is not None:
+                report(batches, sps)
+            return phase == "search" and ledger.best_sps > 0 and sps < PRUNE_RATIO * ledger.best_sps
+
+        t0 = time.monotonic()
+        try:
+            m = self.evaluate(self.dataset, c, step=self.step, device=settings.device, limits=limits,
+                              progress=on_progress, shuffle=settings.shuffle,
+                              collate_fn=settings.collate_fn, seed=settings.seed)
+        except TrialPruned as err:
+            return ledger.record(c, phase, "pruned", reason=str(err),
+                                 duration_s=time.monotonic() - t0)
+        except CandidateError as err:
+            return ledger.record(c, phase, "failed", reason=f"{type(err).__name__}: {err}",
+                                 duration_s=time.monotonic() - t0)
+        except Exception as err:  # the user's dataset or step: kept, re-raised if nothing works
+            ledger.user_errors.append((err, c))
+            if _is_oom(err):
+                self.oom_batch = min(self.oom_batch or c.batch_size, c.batch_size)
+            return ledger.record(c, phase, "failed", reason=describe_error(err),
+                                 duration_s=time.monotonic() - t0)
+        return ledger.record(c, phase, "complete", m=m, duration_s=time.monotonic() - t0)
+
+
+@contextlib.contextmanager
+def _open_study(settings: SearchSettings,
+                sampler: optuna.samplers.BaseSampler) -> Iterator[tuple[optuna.Study, str | None]]:
+    """The study and its name, kept in the profile store's database when it can be; in memory
+    (name ``None``) otherwise. The database connections are closed when the search ends, not left to
+    the garbage collector."""
+    storage: optuna.storages.RDBStorage | None = None
+    if settings.storage_url is not None:
+        try:
+            storage = _rdb_storage(settings.storage_url)
+            study = optuna.create_study(
+                direction="maximize", sampler=sampler, storage=storage,
+                study_name=settings.study_name, load_if_exists=False,
+            )
+        except Exception as err:  # noqa: BLE001 - any storage failure leaves tuning possible
+            if storage is not None:
+                storage.engine.dispose()
+                storage = None
+            warnings.warn(
+                f"the study could not be kept in {settings.storage_url!r} ({type(err).__name__}:"
+                f" {err}); it is kept in memory, so it will not show in optuna-dashboard.",
+                ProfileStoreWarning, stacklevel=5,
+            )
+    if storage is None:
+        yield optuna.create_study(direction="maximize", sampler=sampler), None
+        return
+    try:
+        yield study, settings.study_name
+    finally:
+        storage.engine.dispose()
+
+
+def _explore(runner: _Runner, space: SearchSpace, settings: SearchSettings) -> str | None:
+    """Phase 2 of NOTE [ Search ]: the ask-and-tell loop; returns the stored study's name, if any."""
+    ledger = runner.ledger
+    final_reserve = FINAL_FRACTION * settings.budget_s
+    sampler = optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=6)
+    with _quiet_optuna(), _open_study(settings, sampler) as (study, study_name):
+        study.set_user_attr("space", _jsonable(space.to_dict()))
+        starts = warm_starts(space, settings.usable_cpus)
+        for c in starts:
+            study.enqueue_trial(params_of(c, space), skip_if_exists=True)
+        idle = 0
+        warm = len(starts)
+        tried = 0  # searched candidates, repeats not counted
+        best, best_at = ledger.best_score, 0
+        while idle < MAX_IDLE_PROPOSALS and runner.left() - final_reserve > ledger.expected_trial_s():
+            if tried > warm and tried - best_at >= PATIENCE:
+                log.info("search converged after %d candidates; stopping early", tried)
+                break
+            trial = study.ask()
+            c = suggest(trial, space)
+            trial.set_user_attr("candidate", c.label())
+            seen = ledger.by_candidate.get(c)
+            if seen:
+                # A repeat adds nothing to the search; its measurement counts again for TPE.
+                study.tell(trial, seen[-1].score)
+                idle += 1
+                continue
+
+            def report(batches: int, sps: float, _t: optuna.Trial = trial) -> None:
+                _t.report(sps, batches)
+
+            try:
+                rec = runner.run(c, "search", report)
+            except BaseException:
+                # Ctrl-C or the user's own fatal error: the stored trial must not stay RUNNING.
+                with contextlib.suppress(Exception):
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            tried += 1
+            if ledger.best_score > best * (1.0 + TIE_TOLERANCE):
+                best, best_at = ledger.best_score, tried
+            trial.set_user_attr("state", rec.state)
+            if rec.reason:
+                trial.set_user_attr("reason", rec.reason)
+            if rec.state == "complete":
+                assert rec.measurement is not None and rec.score is not None
+                trial.set_user_attr("measurement", rec.measurement.to_dict())
+                study.tell(trial, rec.score)
+                idle = 0
+            elif rec.state == "pruned":
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                idle = 0
+            else:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                idle = idle + 1 if rec.state == "infeasible" else 0
+    return study_name
+
+
+def _finals(runner: _Runner, space: SearchSpace, settings: SearchSettings) -> tuple[Summary, Summary | None]:
+    """Phase 3 of NOTE [ Search ]: re-measure the finalists; (the pick, the baseline's summary)."""
+    ledger = runner.ledger
+    baseline = space.baseline()
+    ranked = sorted(ledger.by_candidate, key=lambda c: -ledger.summarize(c).score)
+    finalists = [c for c in ranked if c != baseline][:FINALISTS]
+    if baseline in ledger.by_candidate:
+        finalists.append(baseline)
+    if len(finalists) > 1:
+        # Interleaved rounds, each in a rotated order; the best-ranked go first in round one,
+        # so a budget that allows only part of a round still re-measures the leader and baseline.
+        cost = {c: statistics.median(r.duration_s for r in ledger.by_candidate[c]) for c in finalists}
+        first = [finalists[0], *([baseline] if baseline in cost else []), *finalists[1:]]
+        first = list(dict.fromkeys(first))
+        final_started = time.monotonic()
+        pick = ledger.pick(finalists).candidate
+        for r in range(MAX_FINAL_ROUNDS):
+            order = first[r % len(first):] + first[:r % len(first)]
+            if r and runner.left() < sum(cost.values()):
+                break
+            used = time.monotonic() - final_started
+            if r >= MIN_FINAL_ROUNDS and used + sum(cost.values()) > FINAL_FRACTION * settings.budget_s:
+                break
+            for c in order:
+                if runner.left() < cost[c]:
+                    break
+                runner.run(c, "final")
+            previous, pick = pick, ledger.pick(finalists).candidate
+            if r + 1 >= MIN_FINAL_ROUNDS and pick == previous:
+                break  # another round did not change the pick: the order is settled
+    best = ledger.pick(finalists)
+    base = ledger.summarize(baseline) if baseline in ledger.by_candidate else None
+    return best, base
 
 
 STORAGE_ATTEMPTS = 5
@@ -547,12 +585,19 @@ def run_search(dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpa
     ``evaluate`` measures one candidate; it is :func:`autotune.measure.measure` unless several ranks
     measure together (NOTE [ Cooperative tuning ] in distributed.py).
     """
-    search = _Search(dataset, step, space, settings, progress or Progress(0, enabled=False),
-                     evaluate)
-    search.search()
-    if not search.by_candidate:
-        raise search.fail()
-    return search.finalize()
+    ledger = _Ledger(settings, progress or Progress(0, enabled=False))
+    runner = _Runner(dataset, step, space, settings, ledger, evaluate)
+    baseline = space.baseline()
+    runner.run(baseline, "baseline")
+    for strategy, why in settings.refused.items():
+        ledger.record(replace(baseline, pretransform=strategy), "search", "infeasible",
+                      reason=f"pretransform={strategy!r}: {why}")
+    study_name = _explore(runner, space, settings)
+    if not ledger.by_candidate:
+        raise ledger.failure()
+    best, base = _finals(runner, space, settings)
+    speedup = (best.score / base.score) if base and base.score else None
+    return SearchOutcome(best, base, speedup, tuple(ledger.records), study_name)
 
 
 def _jsonable(obj: Any) -> Any:

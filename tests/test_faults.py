@@ -40,7 +40,7 @@ from autotune import (
 )
 from autotune import pretransform as pt
 from autotune.machine import detect_machine
-from autotune.measure import MeasureLimits, make_loader, measure
+from autotune.measure import MeasureLimits, build_loader, measure
 from autotune.space import build_space
 
 QUICK: dict[str, Any] = {"progress": False, "pretransform": "none", "max_workers": 2}
@@ -720,7 +720,7 @@ _TINY_LIMITS = MeasureLimits(window_s=0.01, min_batches=1, max_batches=2, batch_
 def test_every_candidate_the_space_can_produce_is_accepted(index: int, no_leaked_children: None) -> None:
     candidate = _GRID[index]
     assert _SPACE.check(candidate) is None
-    loader = make_loader(_TINY, candidate, device=torch.device("cpu"))
+    loader = build_loader(_TINY, candidate, device=torch.device("cpu"))
     assert loader.batch_size == candidate.batch_size and loader.num_workers == candidate.num_workers
     m = measure(_TINY, candidate, limits=_TINY_LIMITS)
     assert m.batches >= 1 and m.samples >= 1

@@ -133,7 +133,7 @@ def test_batches_move_to_the_device_whatever_their_structure() -> None:
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (Linux)")
 def test_segments_of_dead_workers_are_removed_and_live_ones_kept() -> None:
-    from autotune.measure import SHM_DIR, _remove_orphan_segments
+    from autotune.supervise import SHM_DIR, remove_orphan_segments
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -144,7 +144,7 @@ def test_segments_of_dead_workers_are_removed_and_live_ones_kept() -> None:
             fh.write(b"x")
     try:
         # A worker killed between creating a batch's segment and unlinking it leaves it behind.
-        assert _remove_orphan_segments({dead.pid, os.getpid()}) == [os.path.basename(orphan)]
+        assert remove_orphan_segments({dead.pid, os.getpid()}) == [os.path.basename(orphan)]
         assert not os.path.exists(orphan) and os.path.exists(mine)
     finally:
         for path in (orphan, mine):

@@ -1,0 +1,415 @@
+"""Supervising one trial: the watchdog over its time and memory, and the shut-down after it.
+
+``measure`` runs a candidate; this module makes sure the run stops when it must and leaves nothing
+behind (NOTE [ Measurement protocol ], step 5, in measure.py). The watchdog enforces the limits from
+a side thread and interrupts the main thread by a signal (NOTE [ Interrupting the main thread ]);
+:func:`shut_down` stops the iterators, the worker processes and thread workers, and their
+shared-memory segments (NOTE [ Shut-down under signals ]). Thread workers cannot be killed: a thread
+stuck in the dataset is left as a daemon thread (NOTE [ Thread workers ] in threads.py), and the
+trial still ends on time because the main thread never waits on it without a limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from .exceptions import CandidateError, MemoryLimitExceeded, TrialTimeout, WorkerFailed
+
+if TYPE_CHECKING:
+    from .measure import MeasureLimits
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 10.0
+"""How long worker processes get to exit after their iterator is shut down, before being killed."""
+
+WATCHDOG_POLL_S = 0.05
+"""How often the watchdog checks time and memory."""
+
+_INTERRUPT_SIGNAL = getattr(signal, "SIGUSR2", None)
+_CHILD_SIGNAL = getattr(signal, "SIGCHLD", None)
+
+def process_memory(proc: psutil.Process | None = None) -> int:
+    """PSS (or RSS where PSS is not reported) of a process and all its children, in bytes."""
+    proc = proc or psutil.Process()
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            info = p.memory_full_info()
+            total += int(getattr(info, "pss", 0) or info.rss)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        except psutil.AccessDenied:
+            with contextlib.suppress(psutil.Error):
+                total += int(p.memory_info().rss)
+    return total
+
+
+def child_pids() -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def reap_new_children(before: set[int], timeout_s: float = SHUTDOWN_TIMEOUT_S) -> list[int]:
+    """Wait for children that did not exist in ``before`` to exit; kill those that do not.
+
+    Returns the pids that had to be killed (an empty list is the normal case).
+    """
+    try:
+        procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    except psutil.Error:
+        return []
+    if not procs:
+        return []
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    killed = []
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+            killed.append(p.pid)
+    if alive:
+        psutil.wait_procs(alive, timeout=timeout_s)
+        log.warning("killed %d worker process(es) that did not exit: %s", len(killed), killed)
+    return killed
+
+
+class Watchdog(threading.Thread):
+    """Enforces the time and memory limits of one trial from a side thread."""
+
+    def __init__(self, limits: MeasureLimits, before: set[int], arm: Arm) -> None:
+        super().__init__(name="autotune-watchdog", daemon=True)
+        self.limits = limits
+        self.before = before
+        self.arm = arm
+        self.main_ident = threading.main_thread().ident
+        self.started_at = time.perf_counter()
+        self.last_progress = self.started_at
+        self.peak_memory = 0
+        self.failure: CandidateError | None = None
+        self._stop_event = threading.Event()
+        self._proc = psutil.Process()
+
+    def progress(self) -> None:
+        self.last_progress = time.perf_counter()
+
+    def check(self) -> None:
+        """Raise the failure in the main thread, at a point where that is always safe."""
+        if self.failure is not None:
+            raise self.failure
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+
+    def run(self) -> None:
+        limits = self.limits
+        while not self._stop_event.wait(WATCHDOG_POLL_S):
+            if self.arm.child_pending:  # a worker's death went unreported (see NOTE [ Interrupting ... ])
+                self._signal(_CHILD_SIGNAL)
+            now = time.perf_counter()
+            try:
+                mem = process_memory(self._proc)
+            except psutil.Error:
+                mem = 0
+            self.peak_memory = max(self.peak_memory, mem)
+            if limits.memory_limit_bytes is not None and mem > limits.memory_limit_bytes:
+                self._fail(
+                    MemoryLimitExceeded(
+                        f"the main process and its workers used {mem / 2**20:.0f} MiB, over the"
+                        f" memory budget of {limits.memory_limit_bytes / 2**20:.0f} MiB"
+                    )
+                )
+            elif now - self.started_at > limits.trial_timeout_s:
+                self._fail(
+                    TrialTimeout(f"the trial ran past its time limit of {limits.trial_timeout_s:.1f} s")
+                )
+            elif now - self.last_progress > limits.batch_timeout_s:
+                self._fail(
+                    TrialTimeout(
+                        f"no batch arrived for {limits.batch_timeout_s:.1f} s (batch time limit);"
+                        " the dataset or a worker hangs"
+                    )
+                )
+            if self.failure is not None:
+                break
+        # The main thread ignores the signal in some places (see NOTE [ Interrupting the main thread ]):
+        # repeat it until it lands or the trial is being shut down.
+        while self.failure is not None and self.arm.armed:
+            self._signal(_INTERRUPT_SIGNAL)
+            if self._stop_event.wait(WATCHDOG_POLL_S):
+                break
+
+    def _fail(self, failure: CandidateError) -> None:
+        self.failure = failure
+        # Kill the workers first: the main thread may be blocked waiting on them.
+        with contextlib.suppress(psutil.Error):
+            for p in self._proc.children(recursive=True):
+                if p.pid not in self.before:
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+
+    def _signal(self, signum: int | None) -> None:
+        """Send ``signum`` to the main thread, unless the trial is already being shut down."""
+        if self._stop_event.is_set() or not self.arm.possible:
+            return
+        if signum is not None and self.main_ident is not None:
+            with contextlib.suppress(OSError, ValueError):
+                signal.pthread_kill(self.main_ident, signum)
+
+
+class Interrupted(BaseException):
+    """Raised in the main thread by the watchdog's signal; turned into the watchdog's failure."""
+
+
+# NOTE [ Interrupting the main thread ]
+# The watchdog stops a trial by raising an exception in the main thread from a signal handler, and
+# PyTorch's SIGCHLD handler raises one there when a worker dies. Such an exception lands between any
+# two bytecodes. Most places are harmless: the trial's loader is thrown away. A few are not: while the
+# main thread receives a batch's file descriptor from a worker (multiprocessing's resource sharer, its
+# Unix socket, torch's storage rebuild), or while the DataLoader probes the open-file limit with
+# temporary files after a failed read, an exception strands a socket, a file or a descriptor that is
+# closed, with a ResourceWarning, only whenever the garbage collector gets to it. So during a trial
+# both handlers look at where the main thread is and do nothing inside that code. The measuring loop
+# raises the watchdog's failure itself after every batch, and the watchdog repeats either signal every
+# poll until a handler has run outside that code.
+
+
+def _unsafe_files() -> frozenset[str]:
+    """Files of code an exception must not cut short (see NOTE [ Interrupting the main thread ])."""
+    import multiprocessing.reduction
+    import multiprocessing.resource_sharer
+    import socket
+    import tempfile
+
+    import torch.multiprocessing.reductions
+
+    modules = (socket, tempfile, multiprocessing.reduction, multiprocessing.resource_sharer,
+               torch.multiprocessing.reductions)
+    return frozenset(os.path.abspath(m.__file__) for m in modules if m.__file__)
+
+
+_UNSAFE_FILES = _unsafe_files()
+
+
+def _in_unsafe_code(frame: Any) -> bool:
+    """Whether ``frame`` or one of its callers runs code an exception must not cut short."""
+    depth = 0
+    while frame is not None and depth < 64:
+        if os.path.abspath(frame.f_code.co_filename) in _UNSAFE_FILES:
+            return True
+        frame = frame.f_back
+        depth += 1
+    return False
+
+
+class Arm:
+    """Whether the watchdog's signal may interrupt the main thread right now."""
+
+    def __init__(self, possible: bool) -> None:
+        self.possible = possible
+        self.armed = possible
+        self.child_pending = False
+        """A SIGCHLD arrived inside unsafe code; PyTorch's handler has yet to look at the workers."""
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[Arm]:
+    """Let the watchdog interrupt the main thread, where signals can be handled at all."""
+    if _INTERRUPT_SIGNAL is None or threading.current_thread() is not threading.main_thread():
+        yield Arm(False)
+        return
+    arm = Arm(True)
+
+    def handler(signum: int, frame: Any) -> None:
+        if arm.armed and not _in_unsafe_code(frame):
+            arm.armed = False
+            raise Interrupted()
+
+    old = signal.signal(_INTERRUPT_SIGNAL, handler)
+    try:
+        with _deferred_child_errors(arm):
+            yield arm
+    finally:
+        arm.armed = False
+        signal.signal(_INTERRUPT_SIGNAL, old)
+
+
+@contextlib.contextmanager
+def _deferred_child_errors(arm: Arm) -> Iterator[None]:
+    """Wrap PyTorch's SIGCHLD handler so that it never raises in unsafe code (see the NOTE)."""
+    from torch.utils.data._utils import signal_handling
+
+    if _CHILD_SIGNAL is None:
+        yield
+        return
+    signal_handling._set_SIGCHLD_handler()  # installed once per process; wrapped here, never replaced
+    torch_handler = signal.getsignal(_CHILD_SIGNAL)
+    if not callable(torch_handler):
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if _in_unsafe_code(frame):
+            arm.child_pending = True  # the watchdog sends it again
+            return
+        arm.child_pending = False
+        torch_handler(signum, frame)
+
+    signal.signal(_CHILD_SIGNAL, handler)
+    try:
+        yield
+    finally:
+        arm.child_pending = False
+        signal.signal(_CHILD_SIGNAL, torch_handler)
+
+
+
+# NOTE [ Shut-down under signals ]
+# PyTorch installs a SIGCHLD handler that raises a RuntimeError in the main thread, wherever it is, when
+# a worker of a live iterator exits abnormally. A worker that crashes, or that the watchdog kills, can
+# therefore raise inside the shut-down itself, and again for every other worker that exits meanwhile.
+# So the shut-down first takes the trial's workers off that handler's list, then runs each step to
+# completion, retrying one a signal cut short, and errors are classified only afterwards.
+
+
+def _unregister_workers(iterators: tuple[Any, ...]) -> None:
+    """Stop PyTorch's SIGCHLD handler from raising for these iterators' workers (see the NOTE)."""
+    from torch.utils.data._utils import signal_handling
+
+    for it in iterators:
+        if getattr(it, "_worker_pids_set", False):
+            with contextlib.suppress(Exception):
+                signal_handling._remove_worker_pids(id(it))
+                it._worker_pids_set = False
+
+
+SHM_DIR = "/dev/shm"
+"""Where POSIX shared memory segments appear as files (Linux)."""
+
+
+def _worker_pids(iterators: tuple[Any, ...]) -> set[int]:
+    pids: set[int] = set()
+    for it in iterators:
+        for w in getattr(it, "_workers", None) or ():
+            with contextlib.suppress(Exception):
+                if w.pid is not None:
+                    pids.add(int(w.pid))
+    return pids
+
+
+def remove_orphan_segments(pids: set[int]) -> list[str]:
+    """Unlink the shared-memory segments that dead workers created and never got to unlink.
+
+    A worker names a batch's segment ``torch_<pid>_...`` and unlinks it as soon as the main process
+    has it; a worker killed in between (by the memory guard, a crash) leaves it in /dev/shm for good.
+    Only segments of the given pids, all of which have exited, are touched.
+    """
+    removed: list[str] = []
+    if not pids or not os.path.isdir(SHM_DIR):
+        return removed
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                continue  # still running: its segments are in use
+        except psutil.Error:
+            pass  # gone
+        for path in glob.glob(os.path.join(SHM_DIR, f"torch_{pid}_*")):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(os.path.basename(path))
+    if removed:
+        log.info("removed %d shared-memory segment(s) left by dead workers", len(removed))
+    return removed
+
+
+def _cleanup(watchdog: Watchdog, iterators: tuple[Any, ...], loader: Any, before: set[int]) -> None:
+    steps: tuple[Callable[[], Any], ...] = (
+        watchdog.stop,
+        lambda: _shutdown(iterators, loader),
+        lambda: reap_new_children(before),
+    )
+    for action in steps:
+        for _ in range(3):
+            try:
+                action()
+                break
+            except Exception as err:  # noqa: BLE001 - see NOTE [ Shut-down under signals ]
+                log.debug("shut-down step interrupted by %s: %s; retrying", type(err).__name__, err)
+
+
+_STOPPED_BY_SHUTDOWN = {-signal.SIGTERM, -signal.SIGKILL}
+"""Exit codes of workers that the shut-down itself ended (terminated, then killed)."""
+
+
+def _dead_workers(iterators: tuple[Any, ...], *, after_shutdown: bool = False) -> list[tuple[int, int]]:
+    """(pid, exit code) of every worker of the trial's iterators that ended abnormally.
+
+    Looked at before the shut-down and, since a crash can be seen (a closed pipe) before its exit
+    status is, again after it, not counting the workers the shut-down ended itself.
+    """
+    dead: dict[int, int] = {}
+    for it in iterators:
+        for w in getattr(it, "_workers", None) or ():
+            with contextlib.suppress(Exception):
+                code = w.exitcode
+                if code and not (after_shutdown and code in _STOPPED_BY_SHUTDOWN):
+                    dead[w.pid] = code
+    return list(dead.items())
+
+
+def _worker_death(dead: list[tuple[int, int]]) -> WorkerFailed | None:
+    if not dead:
+        return None
+    pid, code = dead[0]
+    if code < 0:
+        try:
+            how = f"was killed by signal {signal.Signals(-code).name} ({signal.strsignal(-code)})"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited unexpectedly with exit code {code}"
+    return WorkerFailed(
+        f"DataLoader worker (pid {pid}) {how}: the dataset, or a library it calls, crashed or exited"
+        " in a worker process; run it with num_workers=0 to see the error"
+    )
+
+
+
+def _shutdown(iterators: tuple[Any, ...], loader: Any) -> None:
+    """Shut every iterator down: torch's worker processes, or a ThreadDataLoader's threads."""
+    for it in (*iterators, getattr(loader, "_iterator", None)):
+        for name in ("_shutdown_workers", "close"):
+            stop = getattr(it, name, None)
+            if stop is not None:
+                with contextlib.suppress(Exception):
+                    stop()
+    if loader is not None:
+        loader._iterator = None
+
+
+def shut_down(watchdog: Watchdog, arm: Arm, iterators: tuple[Any, ...], loader: Any,
+              before: set[int]) -> WorkerFailed | None:
+    """Stop the watchdog, shut the trial's iterators down, reap its workers and remove what dead ones
+    left (see NOTE [ Shut-down under signals ]). Returns the failure of a worker process that died
+    abnormally during the trial, if one did, to be raised in place of what broke first."""
+    # Disarm first: a late signal must not cut the shut-down short.
+    arm.armed = False
+    _unregister_workers(iterators)
+    dead = _dead_workers(iterators)
+    workers = _worker_pids(iterators)
+    _cleanup(watchdog, iterators, loader, before)
+    dead = dead or _dead_workers(iterators, after_shutdown=True)
+    remove_orphan_segments(workers)
+    return _worker_death(dead)
