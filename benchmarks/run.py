@@ -1,7 +1,8 @@
 """Run the benchmark suite: ``python -m benchmarks`` or ``python benchmarks/run.py``.
 
 See NOTE [ Benchmark protocol ] in ``benchmarks/suite.py``. ``--quick`` checks that the suite runs
-(tiny budgets, a reduced grid, one round); its figures mean nothing.
+(tiny budgets, a reduced grid, one round); its figures mean nothing, so unless ``--out`` says
+otherwise it writes them to a new temporary folder and leaves the committed results alone.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ DEFAULT_ROUNDS = 5
 DEFAULT_TOP_K = 3
 """Grid points re-measured as oracle candidates (plus the grid's fastest per sample)."""
 
+RESULTS_DIR = Path(__file__).resolve().parent
+"""Where a full run writes RESULTS.md, results.json and results.png: the committed results."""
+
+QUICK_OUT_PREFIX = "autotune-bench-quick-"
+"""Prefix of the temporary folder a ``--quick`` run writes to when ``--out`` is not given."""
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
@@ -51,8 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"grid points re-measured as oracle candidates (default {DEFAULT_TOP_K})")
     p.add_argument("--max-workers", type=int, default=None,
                    help="bound num_workers for the tuner and the grid alike (default: the machine's)")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent,
-                   help="folder for RESULTS.md, results.json and results.png (default: benchmarks/)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder for RESULTS.md, results.json and results.png (default: benchmarks/;"
+                   " with --quick, a new temporary folder)")
     p.add_argument("--from-json", type=Path, default=None, metavar="PATH",
                    help="measure nothing: write RESULTS.md and results.png again from a results.json")
     args = p.parse_args(argv)
@@ -61,6 +69,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if value is not None and value <= (0 if name != "max_workers" else -1):
             p.error(f"--{name.replace('_', '-')}={value} must be positive")
     return args
+
+
+def out_folder(args: argparse.Namespace) -> Path:
+    """``--out``, else a new temporary folder for a smoke run, else the committed results' folder."""
+    if args.out is not None:
+        return Path(args.out)
+    if args.quick and args.from_json is None:
+        return Path(tempfile.mkdtemp(prefix=QUICK_OUT_PREFIX))
+    return RESULTS_DIR
 
 
 def render(source: Path, out: Path) -> int:
@@ -76,7 +93,7 @@ def render(source: Path, out: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_json is not None:
-        return render(args.from_json, args.out)
+        return render(args.from_json, out_folder(args))
     if args.gpu and not torch.cuda.is_available():
         print("benchmarks: --gpu asked for, but CUDA is not available on this machine; skipped.")
         return 0
@@ -92,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = suite.quick_settings(settings)
         settings = replace(settings, rounds=args.rounds or 1, top_k=args.top_k or 1)
     names = args.workload or list(suite.WORKLOAD_NAMES)
-    out: Path = args.out
+    out = out_folder(args)
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)])
     machine = detect_machine()

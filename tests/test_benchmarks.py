@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -57,6 +59,54 @@ def test_gpu_mode_without_cuda_skips_cleanly(tmp_path: Path, capsys: pytest.Capt
     assert run.main(["--gpu", "--out", str(tmp_path / "bench")]) == 0
     assert "CUDA is not available" in capsys.readouterr().out
     assert not (tmp_path / "bench").exists()  # nothing measured, nothing written
+
+
+def _record_writes(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Stand-ins for the measuring and the writing: the paths ``run.main`` would write, in order.
+
+    What is measured does not matter here, only where it goes; the real run is
+    test_quick_run_measures_every_workload_and_config.
+    """
+    from benchmarks import output
+
+    written: list[Path] = []
+
+    def write(data: Any, path: Path) -> Path:
+        written.append(Path(path))
+        return path
+
+    monkeypatch.setattr(suite, "make_workload",
+                        lambda name, folder, **kw: SimpleNamespace(name=name))
+    monkeypatch.setattr(suite, "run_workload", lambda w, settings: {"name": w.name})
+    monkeypatch.setattr(suite, "with_strong_target", lambda result: result)
+    for name in ("write_json", "write_markdown", "write_plot"):
+        monkeypatch.setattr(output, name, write)
+    return written
+
+
+def test_quick_run_leaves_the_committed_results_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    written = _record_writes(monkeypatch)
+    assert run.main(["--quick", "--workload", "tensor"]) == 0
+    names = {p.name for p in written}
+    assert names == {"results.json", "RESULTS.md", "results.png"}
+    # A smoke run's figures mean nothing: they go to a temporary folder, never over benchmarks/.
+    for path in written:
+        assert run.RESULTS_DIR not in path.parents, path
+        assert path.parent.name.startswith(run.QUICK_OUT_PREFIX), path
+    assert str(written[0].parent) in capsys.readouterr().out  # the run says where it wrote
+    written[0].parent.rmdir()  # the stand-ins wrote nothing into it
+
+
+def test_explicit_out_wins_over_the_quick_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    written = _record_writes(monkeypatch)
+    assert run.main(["--quick", "--workload", "tensor", "--out", str(tmp_path / "bench")]) == 0
+    assert {p.parent for p in written} == {tmp_path / "bench"}
+
+
+def test_a_full_run_writes_the_committed_results_by_default() -> None:
+    assert run.out_folder(run.parse_args([])) == ROOT / "benchmarks"
 
 
 def test_script_entry_point_finds_the_package() -> None:
