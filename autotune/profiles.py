@@ -636,7 +636,7 @@ class DatabaseProfileStore:
         except ImportError as err:  # the DBAPI driver is missing
             backend = parsed.get_backend_name()
             fix = (
-                "pip install 'autotune[postgres]'"
+                "pip install 'dataloader-autotune[postgres]'"
                 if backend == "postgresql"
                 else f"install the Python driver for {parsed.drivername}"
             )

@@ -26,7 +26,11 @@ REASON_WIDTH = 92
 TEXT_WIDTH = 96
 """Width prose in the summary is wrapped to, so it reads in a 100-column terminal."""
 
-PLOT_INSTALL_HINT = "pip install 'autotune[plot]'"
+PLOT_INSTALL_HINT = "pip install 'dataloader-autotune[plot]'"
+"""How to get matplotlib for :func:`plot` (the package is installed as ``dataloader-autotune``)."""
+
+DASHBOARD_INSTALL_HINT = "pip install 'dataloader-autotune[dashboard]'"
+"""How to get the ``optuna-dashboard`` command :func:`dashboard_hint` prints."""
 
 _COLUMNS: tuple[tuple[str, str], ...] = (
     # (header, alignment) -- numbers right-aligned, words left-aligned
@@ -223,13 +227,24 @@ def summary_text(result: TuneResult) -> str:
 
 
 def dashboard_hint(result: TuneResult) -> str:
-    """The command that shows every trial of the run in optuna-dashboard, or why there is none."""
+    """The command that shows every trial of the run in optuna-dashboard, or why there is none.
+
+    The storage URL is shown with its password masked (a profile stored before passwords were
+    masked included); optuna-dashboard is not a dependency, so the line says how to install it.
+    """
     url = result.storage_url
     if not url or not result.study_name:
         return "Every trial is listed above; this run's study was kept in memory only."
+    shown = mask_url(url)
     if url.startswith("sqlite:"):
-        return f"See every trial: optuna-dashboard {url}   (study {result.study_name})"
-    return f"Every trial is in the Optuna storage {mask_url(url)}, study {result.study_name}."
+        command = f"optuna-dashboard {shown}"
+        where = f"See every trial: {command}   (study {result.study_name})"
+    else:
+        where = (
+            f"Every trial is in the Optuna storage {shown}, study {result.study_name}; see them with"
+            f" `optuna-dashboard URL`, the URL with its password"
+        )
+    return f"{where}\n(optuna-dashboard comes with `{DASHBOARD_INSTALL_HINT}`)"
 
 
 def to_json(result: TuneResult, *, indent: int | None = 2) -> str:

@@ -500,14 +500,14 @@ def test_database_missing_driver_says_what_to_install(monkeypatch: pytest.Monkey
     # Fake of an environment without PostgreSQL drivers: a None entry makes the import fail.
     for module in ("psycopg2", "psycopg"):
         monkeypatch.setitem(sys.modules, module, None)
-    with pytest.raises(ProfileStoreError, match=r"pip install 'autotune\[postgres\]'") as info:
+    with pytest.raises(ProfileStoreError, match=r"pip install 'dataloader-autotune\[postgres\]'") as info:
         open_store(storage="postgresql://user:hunter2@db.example/profiles")
     assert "hunter2" not in str(info.value) and "***" in str(info.value)
 
 
 def test_database_refused_connection_masks_password() -> None:
     if not (profiles._importable("psycopg2") or profiles._importable("psycopg")):
-        pytest.skip("no PostgreSQL driver installed (pip install 'autotune[postgres]')")
+        pytest.skip("no PostgreSQL driver installed (pip install 'dataloader-autotune[postgres]')")
     # Port 1 on the loopback interface: nothing listens, the connection is refused at once.
     with pytest.raises(ProfileStoreError, match=r"postgresql://user:\*\*\*@127\.0\.0\.1:1/db") as info:
         open_store(storage="postgresql://user:hunter2@127.0.0.1:1/db")

@@ -171,12 +171,23 @@ def test_json_has_the_result_and_a_summary_and_hides_passwords() -> None:
 
 
 def test_the_dashboard_hint() -> None:
-    result = handmade()
-    assert "me:***@db.example" in report.dashboard_hint(result)
+    result = handmade()  # a URL with a password, as a profile stored before passwords were masked
+    hint = report.dashboard_hint(result)
+    assert "me:***@db.example" in hint and "secret" not in hint
     local = TuneResult.from_dict(result.to_dict(), storage_url="sqlite:////tmp/x/studies.db")
     assert report.dashboard_hint(local).startswith("See every trial: optuna-dashboard sqlite:////tmp/x/")
     memory = TuneResult.from_dict(result.to_dict(), storage_url=None, study_name=None)
     assert "kept in memory" in report.dashboard_hint(memory)
+
+
+def test_the_dashboard_hint_says_how_to_install_the_dashboard() -> None:
+    # optuna-dashboard is no dependency: the printed command comes with the extra that installs it.
+    result = handmade()
+    local = TuneResult.from_dict(result.to_dict(), storage_url="sqlite:////tmp/x/studies.db")
+    for shown in (result, local):
+        assert "pip install 'dataloader-autotune[dashboard]'" in report.dashboard_hint(shown)
+    memory = TuneResult.from_dict(result.to_dict(), storage_url=None, study_name=None)
+    assert "pip install" not in report.dashboard_hint(memory)  # no command, nothing to install
 
 
 # --------------------------------------------------------------------------------------------------
@@ -205,6 +216,6 @@ def test_plot_without_matplotlib_says_how_to_install_it(
 ) -> None:
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules makes the import fail
-    with pytest.raises(ImportError, match=re.escape("pip install 'autotune[plot]'")):
+    with pytest.raises(ImportError, match=re.escape("pip install 'dataloader-autotune[plot]'")):
         report.plot(handmade(), tmp_path / "nothing.png")
     assert not (tmp_path / "nothing.png").exists()
