@@ -14,7 +14,8 @@ The tree::
     └── ProfileStoreError                      the profile store could not be read or written
 
     AutotuneWarning (UserWarning)
-    └── ProfileStoreWarning                    an entry was ignored or could not be written
+    ├── ProfileStoreWarning                    an entry was ignored or could not be written
+    └── StaleCacheWarning                      a pre-transform cache no longer matches its dataset
 
 An exception raised by the user's own dataset or step is never wrapped: when it happens under every
 candidate, :func:`autotune.tune_loader` raises that exception itself, with a note naming the candidate.
@@ -69,3 +70,7 @@ class AutotuneWarning(UserWarning):
 
 class ProfileStoreWarning(AutotuneWarning):
     """A stored profile was ignored (corrupt, old schema) or a new one could not be written."""
+
+
+class StaleCacheWarning(AutotuneWarning):
+    """A pre-transform cache froze something that has changed since (a step's parameter, the data)."""

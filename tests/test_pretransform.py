@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from torchvision.datasets import VisionDataset
 
 from autotune import pretransform as pt
-from autotune.exceptions import CandidateInfeasible, ConfigurationError
+from autotune.exceptions import CandidateInfeasible, ConfigurationError, StaleCacheWarning
 from autotune.measure import MeasureLimits, measure
 from autotune.space import Candidate
 
@@ -335,7 +335,8 @@ def test_a_new_transform_on_the_same_dataset_is_a_new_build() -> None:
     ds = FakeCifar(transform=T.Compose([T.ToTensor()]))
     first = pt.prepare(ds, "ram", device=CPU)
     ds.transform = T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
-    second = pt.prepare(ds, "ram", device=CPU)
+    with pytest.warns(StaleCacheWarning, match=r"no longer matches its dataset: the transform changed"):
+        second = pt.prepare(ds, "ram", device=CPU)
     assert second is not first and "Normalize" in second.detail
 
 

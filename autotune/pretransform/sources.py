@@ -1,0 +1,138 @@
+"""Raw-source adapters: how to read a sample without its transform, and what identifies the raw data.
+
+- Vision datasets (torchvision's ``VisionDataset``, ``DatasetFolder``/``ImageFolder``, and any dataset
+  with a ``transform`` attribute applied to one field): a shallow copy with ``transform=None`` gives
+  the sample as the transform would receive it (ImageFolder's default loader: a decoded PIL image,
+  converted to RGB), the target transform still applied.
+- Hugging Face ``datasets.Dataset`` with a transform set by ``set_transform``/``with_transform``: the
+  same table in the plain Python format gives each row with its ``Image`` columns decoded, and the
+  user's transform runs on the cached rows as the table's formatter would run it.
+
+Each adapter also names what identifies its raw data for the freshness check (NOTE [ Fresh caches ]).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .fresh import Part, file_stats, value_part
+
+SOURCE_ATTRS = ("data", "targets", "samples", "imgs", "root", "loader", "target_transform", "labels")
+"""Attributes of a vision dataset that hold (or point at) its raw samples, fingerprinted when present.
+Other attributes (counters, caches) may change on every read and are not the data."""
+
+MIN_DECODE_S = 50e-6
+"""A raw read faster than this per sample (an in-memory array made an image) is not worth caching."""
+
+MIN_DECODE_SHARE = 0.3
+"""The raw read's share of a sample's time above which caching decoded samples alone is offered."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a plan reads raw samples."""
+
+    raw: Any
+    """``raw[i]``: sample ``i`` without the transform (only field ``field`` of it, for tuples)."""
+    steps: list[Any]
+    """The transform pipeline, flattened."""
+    decodes: bool
+    """Reading a raw sample decodes a file (a DatasetFolder): caching raw samples alone pays."""
+
+
+def transform_steps(transform: Any) -> list[Any]:
+    steps = getattr(transform, "transforms", None)
+    if type(transform).__name__ == "Compose" and isinstance(steps, (list, tuple)):
+        return [s for step in steps for s in transform_steps(step)]
+    return [transform]
+
+
+def vision_source(dataset: Any) -> Source | None:
+    """A shallow copy of ``dataset`` that returns untransformed samples; None if none can be made."""
+    transform = getattr(dataset, "transform", None)
+    if transform is None:
+        return None
+    try:
+        raw = copy.copy(dataset)
+        raw.transform = None
+        joint = getattr(dataset, "transforms", None)
+        if joint is not None:
+            from torchvision.datasets.vision import StandardTransform
+
+            if not isinstance(joint, StandardTransform):
+                return None  # a joint (image, target) transform: not a pipeline on one field
+            raw.transforms = StandardTransform(None, joint.target_transform)
+    except Exception:  # noqa: BLE001 - slots, properties, odd classes: then the sample is the unit
+        return None
+    from torchvision.datasets import DatasetFolder
+
+    return Source(raw, transform_steps(transform), isinstance(dataset, DatasetFolder))
+
+
+def vision_identity(dataset: Any) -> list[Part]:
+    """The raw data of a vision dataset: its length, data attributes and (cheaply) its files."""
+    parts = [value_part("the dataset", length=len(dataset))]
+    attrs = {name: getattr(dataset, name) for name in SOURCE_ATTRS if hasattr(dataset, name)}
+    if attrs:
+        parts.append(value_part("the raw data", **attrs))
+    samples = getattr(dataset, "samples", None)
+    if isinstance(samples, list) and samples and isinstance(samples[0], tuple):
+        paths = [s[0] for s in samples if isinstance(s[0], str)]
+        if paths:
+            parts.append(value_part("the files", sizes_and_times=file_stats(paths)))
+    return parts
+
+
+# ---------------------------------------------------------------------------- Hugging Face tables
+
+
+def is_table(dataset: Any) -> bool:
+    """A Hugging Face ``datasets.Dataset`` (without importing ``datasets`` when it is not one)."""
+    return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "_format_type")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A Hugging Face table split into what is cached and what still runs per access."""
+
+    raw: Any
+    """The table in the plain Python format: rows with their images decoded."""
+    images: tuple[str, ...]
+    """Columns with a decoding ``Image`` feature."""
+    columns: tuple[str, ...]
+    transform: Callable[[dict[str, list[Any]]], Any] | None
+
+
+def table_source(dataset: Any) -> tuple[Table | None, str | None]:
+    """How to cache a Hugging Face table's decoded images; or the reason it cannot be done."""
+    import datasets
+
+    features = dataset.features
+    images = tuple(
+        name for name, f in features.items() if isinstance(f, datasets.Image) and f.decode
+    )
+    if not images:
+        return None, "the table has no Image column to decode: nothing worth caching"
+    fmt = dataset.format
+    if fmt["type"] not in (None, "python", "custom"):
+        return None, (
+            f"the table's format is {fmt['type']!r}; only the Python format and a transform set by"
+            " set_transform/with_transform are cached"
+        )
+    if fmt["columns"] is not None and list(fmt["columns"]) != list(dataset.column_names):
+        return None, "the table's format selects columns; only whole rows are cached"
+    transform = fmt.get("format_kwargs", {}).get("transform") if fmt["type"] == "custom" else None
+    table = Table(dataset.with_format(None), images, tuple(dataset.column_names), transform)
+    return table, None
+
+
+def table_identity(dataset: Any) -> list[Part]:
+    fmt = dataset.format
+    transform = fmt.get("format_kwargs", {}).get("transform")
+    return [
+        value_part("the table", length=len(dataset), fingerprint=dataset._fingerprint),
+        value_part("the table's format", type=fmt["type"], columns=fmt["columns"], transform=transform),
+    ]

@@ -1,0 +1,389 @@
+"""Where cached samples live: one contiguous tensor per fixed-shape field, one ragged column per field
+whose samples have their own sizes (decoded images), both in shared memory for the ``ram`` strategy.
+
+A layout says, per field of a sample, how it is stored: ``tensor`` (one shape and dtype for every
+sample: an (n, *shape) tensor), ``int``/``float``/``bool`` (an (n,) tensor, read back as Python
+numbers), and the ragged kinds ``ragged`` (tensors of one dtype and their own shapes), ``pil`` (PIL
+images, stored as their uint8 HWC pixels) and ``ndarray`` (NumPy arrays of their own shapes).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..exceptions import CandidateInfeasible
+
+log = logging.getLogger("autotune.pretransform")
+
+RAGGED_KINDS = frozenset({"ragged", "pil", "ndarray"})
+"""Kinds stored as one flat buffer plus offsets and shapes."""
+
+PIL_MODES = {"RGB": 3, "RGBA": 4, "L": 0}
+"""PIL modes whose pixels round-trip exactly through a uint8 array (value: channels, 0 for none)."""
+
+MAX_NDIM = 4
+"""Most dimensions a ragged sample may have (images: 2 or 3)."""
+
+GROWTH = 1.5
+"""Factor a ragged buffer grows by when the estimate was short (pages never written cost nothing)."""
+
+PROGRESS_EVERY_S = 5.0
+"""A build logs its progress (and calls the progress callback) at most this often."""
+
+Layout = list[tuple[str, Any, Any]]
+"""Per field: (kind, shape or None, torch dtype)."""
+
+ProgressFn = Callable[[int, int], None]
+"""Called with (samples done, samples in all) while a cache is built."""
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+# ------------------------------------------------------------------------------------------ layout
+
+
+def _kind_of(value: Any) -> tuple[str, Any, Any] | None:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype)
+    if isinstance(value, Image.Image):
+        return ("pil", None, torch.uint8)
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        return ("ndarray", None, torch.from_numpy(np.empty(0, dtype=value.dtype)).dtype)
+    if isinstance(value, bool):
+        return ("bool", (), torch.bool)
+    if isinstance(value, int):
+        return ("int", (), torch.int64)
+    if isinstance(value, float):
+        return ("float", (), torch.float64)
+    return None
+
+
+def layout_of(samples: Sequence[Any]) -> tuple[Layout, str | None]:
+    """How ``samples`` would be stored, field by field; or the reason they cannot be."""
+    first = samples[0]
+    is_seq = isinstance(first, (tuple, list))
+    layout: Layout = []
+    for k, value in enumerate(list(first) if is_seq else [first]):
+        found = _kind_of(value)
+        if found is None:
+            where = f"field {k} of each sample" if is_seq else "each sample"
+            return [], (
+                f"{where} is a {type(value).__name__} where it would be cached; only tensors, PIL"
+                " images, NumPy arrays, ints and floats are cached"
+            )
+        layout.append(found)
+    # A tensor field whose probes differ in shape (same dtype) is stored ragged.
+    for k, (kind, _, dtype) in enumerate(layout):
+        column = [s[k] if is_seq else s for s in samples]
+        tensors = all(isinstance(v, torch.Tensor) and v.dtype == dtype for v in column)
+        if kind == "tensor" and tensors and len({tuple(v.shape) for v in column}) > 1:
+            layout[k] = ("ragged", None, dtype)
+    for sample in samples:
+        reason = mismatch(layout, sample, is_seq)
+        if reason:
+            return [], reason
+    return layout, None
+
+
+def mismatch(layout: Layout, sample: Any, is_seq: bool) -> str | None:
+    """Why ``sample`` does not fit ``layout``; None when it does."""
+    fields = list(sample) if is_seq else [sample]
+    if len(fields) != len(layout):
+        return f"samples have {len(layout)} and {len(fields)} fields"
+    for k, ((kind, shape, dtype), value) in enumerate(zip(layout, fields, strict=True)):
+        if kind in ("tensor", "ragged"):
+            if not isinstance(value, torch.Tensor):
+                return f"field {k} is a tensor in one sample and a {type(value).__name__} in another"
+            if value.dtype != dtype or (kind == "tensor" and tuple(value.shape) != shape):
+                what = f"{tuple(value.shape)} {value.dtype}" if kind == "tensor" else str(value.dtype)
+                was = f"{shape} {dtype}" if kind == "tensor" else str(dtype)
+                return (
+                    f"field {k} is {what} in one sample and {was} in another (variable-size samples"
+                    " cannot share one contiguous cache)"
+                )
+            if value.dim() > MAX_NDIM:
+                return f"field {k} has {value.dim()} dimensions; ragged samples have at most {MAX_NDIM}"
+        elif kind == "pil":
+            if not isinstance(value, Image.Image):
+                return f"field {k} is a PIL image in one sample and a {type(value).__name__} in another"
+            if value.mode not in PIL_MODES:
+                return (
+                    f"field {k} is a PIL image in mode {value.mode!r}; only {sorted(PIL_MODES)} images"
+                    " are cached (convert them in the loader, as ImageFolder's default loader does)"
+                )
+        elif kind == "ndarray":
+            if not isinstance(value, np.ndarray) or torch.from_numpy(value[:0]).dtype != dtype:
+                return f"field {k} is an array of {dtype} in one sample and {type(value).__name__} in another"
+        elif not _NUMBER_CHECKS[kind](value):
+            return f"field {k} is a {kind} in one sample and a {type(value).__name__} in another"
+    return None
+
+
+_NUMBER_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "bool": lambda v: isinstance(v, bool),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, float),
+}
+
+
+def is_ragged(layout: Layout) -> bool:
+    return any(kind in RAGGED_KINDS for kind, _, _ in layout)
+
+
+# -------------------------------------------------------------------------------------- estimates
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes a cache needs, from the probe samples: exact for fixed shapes, a mean for ragged ones."""
+
+    per_sample: tuple[int, ...]
+    """Bytes of each probe sample."""
+    length: int
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.per_sample)
+
+    @property
+    def spread(self) -> float:
+        return statistics.pstdev(self.per_sample) if len(self.per_sample) > 1 else 0.0
+
+    @property
+    def total(self) -> int:
+        return math.ceil(self.mean * self.length)
+
+    def describe(self) -> str:
+        """How the estimate was made, for a refusal message."""
+        n = len(self.per_sample)
+        if self.spread == 0:
+            return f"estimated from {n} samples"
+        return (
+            f"estimated from {n} samples of {fmt_bytes(min(self.per_sample))} to"
+            f" {fmt_bytes(max(self.per_sample))}, mean {fmt_bytes(self.mean)}, spread"
+            f" {fmt_bytes(self.spread)}"
+        )
+
+
+def _nbytes(value: Any, kind: str, dtype: Any) -> int:
+    if kind in ("tensor", "ragged"):
+        return int(value.numel() * value.element_size())
+    if kind == "pil":
+        return value.width * value.height * max(1, PIL_MODES[value.mode])
+    if kind == "ndarray":
+        return int(value.nbytes)
+    return int(torch.empty((), dtype=dtype).element_size())
+
+
+def estimate(samples: Sequence[Any], layout: Layout, length: int) -> Estimate:
+    is_seq = isinstance(samples[0], (tuple, list))
+    sizes = []
+    for s in samples:
+        fields = list(s) if is_seq else [s]
+        sizes.append(sum(_nbytes(v, kind, dt) for v, (kind, _, dt) in zip(fields, layout, strict=True)))
+    return Estimate(tuple(sizes), length)
+
+
+# ------------------------------------------------------------------------------------------ ragged
+
+
+def shared_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A 1-D tensor in fresh shared memory; pages never written take no memory."""
+    base = torch.empty(0, dtype=dtype)
+    storage = base._typed_storage()._new_shared(max(1, numel), device=base.device)
+    return base.new(storage)[:numel]
+
+
+class RaggedColumn:
+    """Samples of their own shapes: one flat buffer, offsets into it, and each sample's shape.
+
+    ``get(i)`` gives sample ``i`` as it was stored: a tensor (of ``subclass``), a PIL image, or a
+    NumPy array, always a private copy (the buffer is shared with the workers and must not change).
+    """
+
+    def __init__(
+        self,
+        flat: torch.Tensor,
+        offsets: torch.Tensor,
+        shapes: torch.Tensor,
+        kind: str,
+        subclass: type = torch.Tensor,
+    ) -> None:
+        self.flat, self.offsets, self.shapes, self.kind, self.subclass = flat, offsets, shapes, kind, subclass
+
+    def __len__(self) -> int:
+        return int(self.shapes.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        used = int(self.offsets[-1]) * self.flat.element_size()
+        return used + sum(t.numel() * t.element_size() for t in (self.offsets, self.shapes))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.flat, self.offsets, self.shapes)
+
+    def clone(self) -> RaggedColumn:
+        """A private copy (a control for tests of memory sharing)."""
+        flat, offsets, shapes = (t.clone() for t in self.tensors())
+        return RaggedColumn(flat, offsets, shapes, self.kind, self.subclass)
+
+    def get(self, index: int) -> Any:
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of range for a cache of {n} samples")
+        index %= n
+        start, stop = self.offsets[index : index + 2].tolist()
+        shape = [d for d in self.shapes[index].tolist() if d >= 0]
+        view = self.flat[start:stop].view(shape)
+        if self.kind == "pil":
+            return Image.fromarray(view.numpy().copy())
+        if self.kind == "ndarray":
+            return view.numpy().copy()
+        return view.clone().as_subclass(self.subclass)
+
+
+def _as_tensor(value: Any, kind: str) -> torch.Tensor:
+    if kind == "pil":
+        return torch.from_numpy(np.array(value))  # a writable copy of the pixels
+    if kind == "ndarray":
+        return torch.from_numpy(np.ascontiguousarray(value))
+    return value.detach().cpu().as_subclass(torch.Tensor)
+
+
+class _RaggedWriter:
+    """Appends samples, in index order, to a growing shared buffer."""
+
+    def __init__(self, n: int, dtype: torch.dtype, capacity_bytes: int, share: bool) -> None:
+        self.share = share
+        self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self.flat = self._alloc(max(1, capacity_bytes // self.itemsize), dtype)
+        self.offsets = torch.zeros(n + 1, dtype=torch.int64)
+        self.shapes = torch.full((n, MAX_NDIM), -1, dtype=torch.int64)
+        self.used = 0
+
+    def _alloc(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return shared_empty(numel, dtype) if self.share else torch.empty(numel, dtype=dtype)
+
+    def put(self, i: int, value: torch.Tensor) -> None:
+        numel = value.numel()
+        if self.used + numel > self.flat.numel():
+            grown = self._alloc(max(int(self.flat.numel() * GROWTH), self.used + numel), self.flat.dtype)
+            grown[: self.used].copy_(self.flat[: self.used])
+            self.flat = grown
+        self.flat[self.used : self.used + numel].copy_(value.reshape(-1))
+        self.used += numel
+        self.offsets[i + 1] = self.used
+        self.shapes[i, : value.dim()] = torch.tensor(value.shape, dtype=torch.int64)
+
+    def column(self, kind: str, subclass: type) -> RaggedColumn:
+        offsets, shapes = self.offsets, self.shapes
+        if self.share:
+            offsets, shapes = offsets.share_memory_(), shapes.share_memory_()
+        return RaggedColumn(self.flat, offsets, shapes, kind, subclass)
+
+
+# ------------------------------------------------------------------------------------------- fill
+
+
+def fill(
+    samples: Iterable[Any],
+    layout: Layout,
+    n: int,
+    *,
+    subclasses: Sequence[type],
+    share: bool,
+    capacity_bytes: int = 0,
+    budget_bytes: int | None = None,
+    progress: ProgressFn | None = None,
+) -> tuple[list[Any], int]:
+    """Store ``n`` samples on the CPU, fixed fields as (n, *shape) tensors and ragged ones as columns.
+
+    Returns (fields, bytes held). With ``budget_bytes``, stops as soon as the samples stored so far
+    outgrow it (CandidateInfeasible with the figures). ``capacity_bytes``: the expected ragged size.
+    """
+    is_seq = None
+    fixed: dict[int, torch.Tensor] = {}
+    writers: dict[int, _RaggedWriter] = {}
+    ragged = [k for k, (kind, _, _) in enumerate(layout) if kind in RAGGED_KINDS]
+    for k, (kind, shape, dtype) in enumerate(layout):
+        if kind in RAGGED_KINDS:
+            writers[k] = _RaggedWriter(n, dtype, capacity_bytes // max(1, len(ragged)), share)
+        else:
+            data = torch.empty((n, *shape), dtype=dtype)
+            fixed[k] = data.share_memory_() if share else data
+    fixed_row = sum(int(t[0].numel() * t.element_size()) for t in fixed.values()) if n else 0
+    t0 = last = time.perf_counter()
+    count = 0
+    for i, sample in enumerate(samples):
+        if is_seq is None:
+            is_seq = isinstance(sample, (tuple, list))
+        reason = mismatch(layout, sample, is_seq)
+        if reason:
+            raise CandidateInfeasible(f"sample {i}: {reason}; the layout was planned from a few samples")
+        for k, value in enumerate(list(sample) if is_seq else [sample]):
+            kind = layout[k][0]
+            if k in writers:
+                writers[k].put(i, _as_tensor(value, kind))
+            else:
+                fixed[k][i] = value
+        count = i + 1
+        if budget_bytes is not None and writers:
+            held = count * fixed_row + sum(w.used * w.itemsize for w in writers.values())
+            if held > budget_bytes:
+                raise CandidateInfeasible(
+                    f"the cache outgrew the memory budget of {fmt_bytes(budget_bytes)} after {count} of"
+                    f" {n} samples ({fmt_bytes(held)} so far); the estimate from a few samples was"
+                    " short, so this data set does not fit"
+                )
+        now = time.perf_counter()
+        if now - last >= PROGRESS_EVERY_S:
+            last = now
+            log.info("building the cache: %d/%d samples, %.0f s", count, n, now - t0)
+            if progress is not None:
+                progress(count, n)
+    if count != n:
+        raise CandidateInfeasible(f"the source gave {count} samples where {n} were expected")
+    if progress is not None:
+        progress(n, n)
+    fields: list[Any] = []
+    for k in range(len(layout)):
+        if k in writers:
+            fields.append(writers[k].column(layout[k][0], subclasses[k]))
+        else:
+            fields.append(fixed[k])
+    return fields, nbytes(fields)
+
+
+def nbytes(fields: Sequence[Any]) -> int:
+    return sum(
+        f.nbytes if isinstance(f, RaggedColumn) else int(f.numel() * f.element_size()) for f in fields
+    )
+
+
+def stack(samples: Sequence[Any], layout: Layout, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Fixed-shape samples as one tensor per field on ``device`` (a staging copy for the device cache)."""
+    is_seq = isinstance(samples[0], (tuple, list))
+    out = []
+    for k, (_, _, dtype) in enumerate(layout):
+        column = [s[k] if is_seq else s for s in samples]
+        if isinstance(column[0], torch.Tensor):
+            data = torch.stack([c.detach().cpu().as_subclass(torch.Tensor) for c in column])
+        else:
+            data = torch.tensor(column, dtype=dtype)
+        out.append(data.to(device))
+    return tuple(out)
