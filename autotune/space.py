@@ -431,11 +431,11 @@ def build_space(
     sizes, baseline = resolve_batch_sizes(batch_size, dataset_len)
     bound = worker_bound(machine.usable_cpus, local_world_size)
     if max_workers is not None:
-        _check_bound("max_workers", max_workers)
+        check_bound("max_workers", max_workers)
         bound = min(bound, max_workers)
     threads = thread_bound(machine.usable_cpus, local_world_size) if thread_workers else 0
     if max_threads is not None:
-        _check_bound("max_threads", max_threads)
+        check_bound("max_threads", max_threads)
         threads = min(threads, max_threads)
     pts = tuple(p for p in PRETRANSFORMS if p in pretransforms)
     if "device" in pts and not cuda:
@@ -454,7 +454,8 @@ def build_space(
     )
 
 
-def _check_bound(name: str, value: Any) -> None:
+def check_bound(name: str, value: Any) -> None:
+    """Refuse a worker or thread bound that is not a non-negative integer, naming the fix."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigurationError(
             f"{name}={value!r} must be a non-negative integer; use 0 to keep loading in the main process."

@@ -13,8 +13,10 @@
 # 3. At most FINAL_FRACTION of the budget re-measures the finalists (the best few, plus the baseline)
 #    in interleaved rounds: at least MIN_FINAL_ROUNDS, and no more once a round leaves the pick as it
 #    was. Each one's figures are the medians over its measurements, the winner has the best median
-#    score, and among candidates within TIE_TOLERANCE of it the one with fewer workers and less memory
-#    wins. The speed-up is the winner's score over the baseline's, both taken from the same rounds.
+#    score, and among candidates within TIE_TOLERANCE of it the one with fewer workers, then in-order
+#    delivery (batches in the sampler's order unless that is clearly slower; an out-of-order leader
+#    is re-measured beside its in-order twin), then less memory wins. The speed-up is the winner's
+#    score over the baseline's, both taken from the same rounds.
 #
 # NOTE [ Score ]
 # A candidate's score is the throughput of a whole training run of `epochs` epochs over N samples:
@@ -356,11 +358,12 @@ class _Ledger:
         )
 
     def pick(self, finalists: list[Candidate]) -> Summary:
-        """The best median score; within TIE_TOLERANCE of it, fewer workers, then less memory."""
-        summaries = [self.summarize(c) for c in finalists]
+        """The best median score; within TIE_TOLERANCE of it, fewer workers, in order, less memory."""
+        summaries = [self.summarize(c) for c in finalists if c in self.by_candidate]
         top = max(s.score for s in summaries)
         tied = [s for s in summaries if s.score >= (1.0 - TIE_TOLERANCE) * top]
-        return min(tied, key=lambda s: (s.candidate.num_workers, s.peak_memory_bytes, -s.score))
+        return min(tied, key=lambda s: (s.candidate.num_workers, not s.candidate.in_order,
+                                        s.peak_memory_bytes, -s.score))
 
     def failure(self) -> BaseException:
         """The error to raise when nothing completed: the user's own, else a summary."""
@@ -531,12 +534,20 @@ def _finals(runner: _Runner, space: SearchSpace, settings: SearchSettings) -> tu
     baseline = space.baseline()
     ranked = sorted(ledger.by_candidate, key=lambda c: -ledger.summarize(c).score)
     finalists = [c for c in ranked if c != baseline][:FINALISTS]
+    if finalists and not finalists[0].in_order:
+        # An out-of-order leader is re-measured beside its in-order twin, so that it wins only
+        # where it is clearly faster (see pick).
+        twin = replace(finalists[0], in_order=True)
+        if twin not in finalists and space.check(twin) is None:
+            finalists.append(twin)
     if baseline in ledger.by_candidate:
         finalists.append(baseline)
     if len(finalists) > 1:
         # Interleaved rounds, each in a rotated order; the best-ranked go first in round one,
         # so a budget that allows only part of a round still re-measures the leader and baseline.
-        cost = {c: statistics.median(r.duration_s for r in ledger.by_candidate[c]) for c in finalists}
+        leader = ledger.by_candidate[finalists[0]]  # stands in for a twin not measured yet
+        cost = {c: statistics.median(r.duration_s for r in ledger.by_candidate.get(c, leader))
+                for c in finalists}
         first = [finalists[0], *([baseline] if baseline in cost else []), *finalists[1:]]
         first = list(dict.fromkeys(first))
         final_started = time.monotonic()

@@ -5,15 +5,25 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+import weakref
 
 import pytest
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from autotune.exceptions import MemoryLimitExceeded, TrialTimeout, WorkerFailed
-from autotune.measure import MeasureLimits, batch_length, measure, process_memory, to_device
+from autotune.measure import (
+    MeasureLimits,
+    batch_length,
+    build_loader,
+    measure,
+    process_memory,
+    to_device,
+)
 from autotune.space import Candidate
+from autotune.threads import THREAD_NAME_PREFIX
 
 FAST = MeasureLimits(window_s=0.2, min_batches=3, batch_timeout_s=10, trial_timeout_s=30)
 
@@ -217,3 +227,92 @@ def test_files_held_by_an_interrupted_step_are_closed_at_once(no_leaked_children
         gc.collect()
     assert [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)] == []
     assert not any(os.path.exists(name) for name in opened)
+
+
+# ------------------------------------------------------------------------------ thread workers
+
+
+class HangsInThreads(Sleepy):
+    """A thread worker that loads sample 7 waits until ``release`` is set (at most a minute)."""
+
+    def __init__(self) -> None:
+        super().__init__(n=256, delay_s=0.0)
+        self.release = threading.Event()
+
+    def __getitem__(self, i: int):
+        if i == 7 and threading.current_thread().name.startswith(THREAD_NAME_PREFIX):
+            self.release.wait(60)
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_thread_workers_are_measured_by_the_same_protocol(in_order: bool) -> None:
+    c = Candidate(16, 2, False, 2, False, worker_kind="thread", in_order=in_order)
+    m = measure(Sleepy(), c, limits=FAST)
+    assert m.batches >= FAST.min_batches and m.samples == pytest.approx(m.batches * 16, abs=16)
+    assert m.wait_fraction > 0.5 and m.peak_memory_bytes > 0
+    assert not [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME_PREFIX)]
+
+
+def test_a_hung_thread_worker_is_a_timeout_and_the_trial_returns() -> None:
+    data = HangsInThreads()
+    limits = MeasureLimits(window_s=0.5, min_batches=3, batch_timeout_s=1.0, trial_timeout_s=20)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TrialTimeout):
+            measure(data, Candidate(4, 2, False, 2, False, worker_kind="thread"), limits=limits,
+                    shuffle=False)
+        # The batch limit plus the shut-down's wait for the threads, not the hang.
+        assert time.monotonic() - t0 < 10
+    finally:
+        data.release.set()
+    deadline = time.monotonic() + 5
+    while any(t.name.startswith(THREAD_NAME_PREFIX) for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the released thread worker did not end"
+        time.sleep(0.02)
+
+
+def test_the_memory_guard_stops_thread_workers() -> None:
+    limit = process_memory() + 200 * 2**20
+    limits = MeasureLimits(window_s=30, min_batches=3, max_batches=10_000, memory_limit_bytes=limit)
+    with pytest.raises(MemoryLimitExceeded, match="over the memory budget"):
+        measure(Hog(), Candidate(4, 2, False, 2, False, worker_kind="thread"), limits=limits)
+
+
+# ------------------------------------------------------------------- the one loader builder
+
+
+def test_a_cache_is_built_once_per_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune import pretransform as pt
+
+    # A plain list is a map-style dataset that cannot be weakly referenced, so no build is reused.
+    samples = [(torch.full((4,), float(i)), i % 3) for i in range(256)]
+    with pytest.raises(TypeError):
+        weakref.ref(samples)
+    real = pt.prepare
+    calls: list[str] = []
+
+    def counting(dataset, strategy, **kwargs):
+        calls.append(strategy)
+        return real(dataset, strategy, **kwargs)
+
+    monkeypatch.setattr(pt, "prepare", counting)
+    m = measure(samples, Candidate(8, pretransform="ram"), limits=FAST)
+    assert calls == ["ram"] and m.cache_bytes > 0
+
+
+def test_the_users_collate_fn_gets_samples_under_a_cache() -> None:
+    # What the search measures is what make_loader gives: the user's collate_fn with its samples.
+    def as_dict(samples):
+        assert isinstance(samples, list) and len(samples) == 8
+        return {"x": torch.stack([x for x, _ in samples]), "y": torch.tensor([y for _, y in samples])}
+
+    seen: list[str] = []
+    m = measure(Sleepy(n=256, delay_s=0.0), Candidate(8, pretransform="ram"), limits=FAST,
+                collate_fn=as_dict, step=lambda b: seen.append(type(b).__name__))
+    assert m.cache_bytes > 0 and set(seen) == {"dict"}
+    threaded = Candidate(8, 2, False, 2, False, "ram", worker_kind="thread")
+    for c in (Candidate(8, pretransform="ram"), threaded):
+        batch = next(iter(build_loader(Sleepy(n=256, delay_s=0.0), c, collate_fn=as_dict)))
+        assert torch.equal(batch["x"][:, 0], torch.arange(8.0))
+        assert batch["y"].tolist() == [0, 1, 2, 0, 1, 2, 0, 1]

@@ -16,9 +16,11 @@ from autotune.space import (
     Candidate,
     build_space,
     resolve_batch_sizes,
+    resolve_in_order,
     worker_bound,
 )
 from autotune.study import params_of, suggest, warm_starts
+from autotune.threads import ThreadDataLoader
 
 DATA = TensorDataset(torch.zeros(64, 2), torch.zeros(64))
 
@@ -29,39 +31,69 @@ def _space(cuda: bool = False, **kw):
                        pretransforms=("none", "ram", "device"), **kw)
 
 
+SPACES = {
+    "processes": {},
+    "threads-too": {"thread_workers": True, "in_order_choices": (True, False)},
+    "threads-only": {"thread_workers": True, "max_workers": 0, "in_order_choices": (True, False)},
+}
+"""The kinds of space the caller builds: worker processes only (streams), both kinds (map-style
+datasets), thread workers only (data on the GPU, or that cannot be pickled)."""
+
+
+def _accepted(c: Candidate) -> None:
+    """Build the loader the candidate's kwargs are for; both classes raise on an invalid combination."""
+    cls = ThreadDataLoader if c.threaded else DataLoader
+    assert c.loader_class.endswith(cls.__name__)
+    with quiet_worker_warning():  # PyTorch's advice on worker counts, not an error
+        cls(DATA, **c.loader_kwargs())
+
+
+@pytest.mark.parametrize("kind", SPACES)
 @pytest.mark.parametrize("cuda", [False, True])
-def test_every_grid_candidate_is_accepted_by_the_dataloader(cuda: bool) -> None:
-    space = _space(cuda)
+def test_every_grid_candidate_is_accepted_by_the_dataloader(cuda: bool, kind: str) -> None:
+    space = _space(cuda, **SPACES[kind])
     grid = list(space.grid())
     assert len(grid) == len(set(grid)) == space.size()
     for c in grid:
         assert space.check(c) is None, c
-        with quiet_worker_warning():  # PyTorch's advice on worker counts, not an error
-            DataLoader(DATA, **c.loader_kwargs())  # raises on an invalid combination
-    # pin_memory appears only with CUDA; the device strategy only with CUDA and without workers.
+        _accepted(c)
+        assert Candidate.from_loader_kwargs(c.loader_kwargs(), pretransform=c.pretransform,
+                                            torch_threads=c.torch_threads) == c
+    # pin_memory appears only with CUDA; the device strategy only with CUDA and without worker
+    # processes; threads and out-of-order delivery only where the caller allows them.
     assert any(c.pin_memory for c in grid) == cuda
-    assert all(c.num_workers == 0 for c in grid if c.pretransform == "device")
+    assert all(c.threaded for c in grid if c.pretransform == "device" and c.num_workers)
     assert any(c.pretransform == "device" for c in grid) == cuda
+    assert any(c.threaded for c in grid) == (kind != "processes")
+    assert any(c.num_workers and not c.threaded for c in grid) == (kind != "threads-only")
+    assert any(not c.in_order for c in grid) == (kind != "processes")
 
 
+@pytest.mark.parametrize("kind", SPACES)
 @pytest.mark.parametrize("cuda", [False, True])
-def test_every_sampled_candidate_is_feasible(cuda: bool) -> None:
-    space = _space(cuda)
+def test_every_sampled_candidate_is_feasible(cuda: bool, kind: str) -> None:
+    space = _space(cuda, **SPACES[kind])
     study = optuna.create_study(direction="maximize",
                                 sampler=optuna.samplers.RandomSampler(seed=1))
     for c in warm_starts(space, usable_cpus=2):
         study.enqueue_trial(params_of(c, space))
+    drawn = set()
     for i in range(200):
         trial = study.ask()
         c = suggest(trial, space)
         assert space.check(c) is None, c
-        with quiet_worker_warning():
-            DataLoader(DATA, **c.loader_kwargs())
+        _accepted(c)
+        drawn.add((c.worker_kind if c.num_workers else "none", c.in_order))
         study.tell(trial, float(i))
+    # Every kind the space holds is actually drawn.
+    expected = {("none", True), ("process", True), ("process", False), ("thread", True), ("thread", False)}
+    assert drawn == {k for k in expected if any(
+        (c.worker_kind if c.num_workers else "none", c.in_order) == k for c in space.grid())}
 
 
-def test_warm_starts_reproduce_their_candidates_through_the_sampler() -> None:
-    space = _space()
+@pytest.mark.parametrize("kind", SPACES)
+def test_warm_starts_reproduce_their_candidates_through_the_sampler(kind: str) -> None:
+    space = _space(**SPACES[kind])
     starts = warm_starts(space, usable_cpus=2)
     study = optuna.create_study(direction="maximize")
     for c in starts:
@@ -85,6 +117,35 @@ def test_infeasible_combinations_are_explained() -> None:
     cuda_space = _space(cuda=True)
     reason = cuda_space.check(Candidate(8, 2, False, 2, True, "device"))
     assert reason is not None and "_share_filename_" in reason
+    assert "thread workers" in (space.check(Candidate(8, 2, False, 2, False, worker_kind="thread")) or "")
+    assert "out-of-order" in (space.check(Candidate(8, 2, False, 2, True, in_order=False)) or "")
+    assert "num_workers=0" in (space.check(Candidate(8, worker_kind="thread")) or "")
+    threads = _space(cuda=True, thread_workers=True, max_workers=0,
+                     excluded={"num_workers>0": "the dataset holds CUDA tensors"})
+    assert threads.check(Candidate(8, 2, False, 2, False, "device", worker_kind="thread")) is None
+    assert "never persistent" in (threads.check(Candidate(8, 2, False, 2, True, worker_kind="thread")) or "")
+    assert "holds CUDA tensors" in (threads.check(Candidate(8, 2, False, 2, True)) or "")
+
+
+def test_out_of_order_is_searched_only_where_order_does_not_matter() -> None:
+    assert resolve_in_order(None, shuffle=True) == (True, False)
+    assert resolve_in_order(None, shuffle=False) == (True,)
+    assert resolve_in_order(True, shuffle=True) == (True,)
+    assert resolve_in_order(False, shuffle=False) == (True, False)
+    with pytest.raises(ConfigurationError, match=r"in_order='yes' must be True, False or None"):
+        resolve_in_order("yes", shuffle=True)  # type: ignore[arg-type]
+
+
+def test_labels_and_kwargs_say_what_a_plain_dataloader_can_express() -> None:
+    threaded = Candidate(64, 2, False, 2, False, worker_kind="thread", in_order=False)
+    assert threaded.label() == "bs=64 w=2 thr pf=2 unordered"
+    assert Candidate(64, 3, False, 2, True).label() == "bs=64 w=3 pf=2 persist"
+    # A plain DataLoader takes in_order (torch >= 2.6) but has no thread workers: their kwargs are
+    # ThreadDataLoader's and a plain DataLoader refuses them instead of silently loading without.
+    DataLoader(DATA, **Candidate(8, 2, False, 2, True, in_order=False).loader_kwargs())
+    with pytest.raises(TypeError, match="worker_threads"):
+        DataLoader(DATA, **threaded.loader_kwargs())
+    assert threaded.loader_kwargs()["num_workers"] == 0
 
 
 def test_batch_size_resolution() -> None:
@@ -113,3 +174,7 @@ def test_max_workers_caps_the_bound_and_is_validated() -> None:
     assert _space(max_workers=1).max_workers == 1
     with pytest.raises(ConfigurationError, match=r"max_workers=-1 must be a non-negative integer"):
         _space(max_workers=-1)
+    assert _space(thread_workers=True, max_threads=3).max_threads == 3
+    assert _space(max_threads=3).max_threads == 0  # thread workers only where the caller allows them
+    with pytest.raises(ConfigurationError, match=r"max_threads=-2 must be a non-negative integer"):
+        _space(thread_workers=True, max_threads=-2)

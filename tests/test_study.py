@@ -15,7 +15,7 @@ import torch
 
 from autotune.measure import Measurement
 from autotune.space import Candidate, SearchSpace
-from autotune.study import MAX_FINAL_ROUNDS, MIN_FINAL_ROUNDS, SearchSettings, run_search
+from autotune.study import MAX_FINAL_ROUNDS, MIN_FINAL_ROUNDS, SearchSettings, describe_error, run_search
 
 
 def _stand_in(speed: dict[int, list[float]]) -> Callable[..., Measurement]:
@@ -49,3 +49,40 @@ def test_finals_go_on_while_each_round_changes_the_pick() -> None:
     # One worker measures 300 then 100 by turns; two workers a steady 250: the medians cross every round.
     rounds, _ = _finals({0: [100.0], 1: [300.0, 100.0], 2: [250.0], 3: [150.0]})
     assert rounds == MAX_FINAL_ROUNDS
+
+
+def _kind_stand_in(speed: dict[str, float]) -> Callable[..., Measurement]:
+    """samples/s by the kind of loading: ``none`` (no workers), ``process``, ``thread``, each with one
+    worker or more, a little more for out-of-order delivery when ``unordered`` is given."""
+
+    def evaluate(dataset: Any, c: Candidate, **kwargs: Any) -> Measurement:
+        kind = c.worker_kind if c.num_workers else "none"
+        sps = speed[kind] + (0.0 if c.in_order else speed.get("unordered", 0.0))
+        return Measurement(samples_per_s=sps, busy=0.5, wait_fraction=0.5, step_ms=1.0, wait_ms=1.0,
+                           startup_s=0.0, batches=10, samples=80, window_s=0.01, peak_memory_bytes=0)
+
+    return evaluate
+
+
+def _winner(speed: dict[str, float]) -> Candidate:
+    space = SearchSpace(batch_sizes=(8,), max_workers=3, prefetch_factors=(2,), baseline_batch_size=8,
+                        max_threads=3, in_order_choices=(True, False))
+    settings = SearchSettings(budget_s=30, epochs=1, dataset_len=None, device=torch.device("cpu"),
+                              usable_cpus=2)
+    return run_search(None, None, space, settings, evaluate=_kind_stand_in(speed)).best.candidate
+
+
+def test_the_search_keeps_the_faster_kind_of_workers() -> None:
+    # Where threads do not help the search never loses by offering them, and where they do it finds them.
+    assert _winner({"none": 100.0, "process": 300.0, "thread": 150.0}).worker_kind == "process"
+    assert _winner({"none": 100.0, "process": 150.0, "thread": 300.0}).threaded
+    assert _winner({"none": 300.0, "process": 150.0, "thread": 150.0}).num_workers == 0
+    # Out-of-order delivery wins only when it is faster, and by more than a tie.
+    assert not _winner({"none": 100.0, "process": 300.0, "thread": 150.0, "unordered": 50.0}).in_order
+    assert _winner({"none": 100.0, "process": 300.0, "thread": 150.0, "unordered": 1.0}).in_order
+
+
+def test_an_error_from_a_thread_worker_is_described_by_its_own_last_line() -> None:
+    err = ValueError("Caught ValueError in DataLoader thread worker 1.\nOriginal Traceback (most recent"
+                     " call last):\n  File \"x.py\", line 3, in f\nValueError: sample 5 is corrupt")
+    assert describe_error(err) == "ValueError in a worker: ValueError: sample 5 is corrupt"
