@@ -9,7 +9,9 @@ Each stands for a kind of loader bottleneck:
 - ``latency``: every sample waits on simulated remote storage; workers help far past the core count.
 - ``tensor``: an in-memory tensor dataset and a tiny model; overhead-bound, workers only hurt.
 - image folders (:func:`write_image_folder`, :func:`imagefolder_workload`): real encoded files,
-  decoded per sample, as with ``torchvision.datasets.ImageFolder`` over a photo collection.
+  decoded per sample, as with ``torchvision.datasets.ImageFolder`` over a photo collection;
+  :func:`write_photo_folder` writes images of varying sizes, and :func:`photo_table` reads such a
+  folder as a Hugging Face table with an ``Image`` column.
 - CIFAR-10 files (:func:`write_cifar10_files`, :class:`CIFAR10Files`): torchvision's on-disk
   CIFAR-10 format, read back with torchvision's own reader.
 
@@ -425,16 +427,84 @@ def write_image_folder(
     root = Path(root).expanduser()
     _refuse_non_empty(root, "root")
     images, labels = synthetic_images(n, size=size, classes=classes, seed=seed, balanced=True)
+    save = _image_saver(root, key, classes, n)
+    for i, (img, label) in enumerate(zip(images, labels, strict=True)):
+        save(i, int(label), img)
+    return root
+
+
+def _image_saver(root: Path, fmt: str, classes: int, n: int) -> Callable[[int, int, np.ndarray], None]:
+    """Make the class folders under ``root``; return ``save(i, label, pixels)`` writing image ``i``."""
     width = len(str(classes - 1))
     dirs = [root / f"class_{k:0{width}d}" for k in range(classes)]
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
-    ext = IMAGE_FORMATS[key]
-    options: dict[str, Any] = {"quality": JPEG_QUALITY} if key == "JPEG" else {}
+    ext = IMAGE_FORMATS[fmt]
+    options: dict[str, Any] = {"quality": JPEG_QUALITY} if fmt == "JPEG" else {}
     digits = len(str(n - 1))
-    for i, (img, label) in enumerate(zip(images, labels, strict=True)):
-        Image.fromarray(img).save(dirs[label] / f"img_{i:0{digits}d}{ext}", format=key, **options)
+
+    def save(i: int, label: int, pixels: np.ndarray) -> None:
+        Image.fromarray(pixels).save(dirs[label] / f"img_{i:0{digits}d}{ext}", format=fmt, **options)
+
+    return save
+
+
+def write_photo_folder(
+    root: str | os.PathLike[str],
+    *,
+    n: int = 2000,
+    classes: int = 10,
+    min_size: int = 120,
+    max_size: int = 320,
+    fmt: str = "JPEG",
+    seed: int = 0,
+) -> Path:
+    """Like :func:`write_image_folder`, but each image has its own height and width in
+    ``min_size..max_size`` (drawn from ``seed``), as in a folder of photos: what a decoded-image
+    cache must store ragged. ``root`` must be new or empty; returns ``root``.
+    """
+    key = fmt.upper() if isinstance(fmt, str) else fmt
+    if key not in IMAGE_FORMATS:
+        raise ConfigurationError(
+            f"fmt={fmt!r} is not a supported image format; use one of {sorted(IMAGE_FORMATS)}."
+        )
+    _check_count("classes", classes, 1, "pass the number of class folders, e.g. classes=10.")
+    _check_count("n", n, classes, f"every one of the {classes} classes needs at least one image.")
+    _check_count("min_size", min_size, 8, "pass the smallest side length in pixels, e.g. 120.")
+    _check_count("max_size", max_size, min_size, f"pass a largest side length >= min_size={min_size}.")
+    root = Path(root).expanduser()
+    _refuse_non_empty(root, "root")
+    rng = np.random.default_rng(seed)
+    heights = rng.integers(min_size, max_size + 1, size=n)
+    widths = rng.integers(min_size, max_size + 1, size=n)
+    labels = rng.permutation(np.arange(n) % classes)
+    save = _image_saver(root, key, classes, n)
+    palette = _class_palette(classes)
+    for i in range(n):
+        h, w, label = int(heights[i]), int(widths[i]), int(labels[i])
+        # One square synthetic image of the class's colour (NOTE [ Synthetic images ]), cut to h x w.
+        side = max(h, w)
+        img, _ = synthetic_images(1, size=side, classes=classes, seed=seed * 100_003 + i)
+        tint = (palette[label] - palette.mean(axis=0)) * 0.5
+        save(i, label, np.clip(img[0, :h, :w].astype(np.float32) + tint, 0, 255).astype(np.uint8))
     return root
+
+
+def photo_table(root: str | os.PathLike[str]) -> Any:
+    """The images under ``root`` (an ImageFolder layout) as a Hugging Face ``datasets.Dataset``.
+
+    Columns ``image`` (an ``Image`` feature, decoded on access) and ``label`` (the class index, in
+    ImageFolder's order). Needs the ``datasets`` package.
+    """
+    try:
+        import datasets
+    except ImportError as err:  # pragma: no cover - the dev extras install it
+        raise ImportError("photo_table needs Hugging Face datasets: pip install datasets") from err
+    folder = torchvision.datasets.ImageFolder(str(Path(root).expanduser()))
+    paths = [path for path, _ in folder.samples]
+    labels = [label for _, label in folder.samples]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    return datasets.Dataset.from_dict({"image": paths, "label": labels}, features=features)
 
 
 def imagefolder_transform(size: int = 32) -> transforms.Compose:

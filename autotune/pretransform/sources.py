@@ -81,8 +81,9 @@ def vision_identity(dataset: Any) -> list[Part]:
     samples = getattr(dataset, "samples", None)
     if isinstance(samples, list) and samples and isinstance(samples[0], tuple):
         paths = [s[0] for s in samples if isinstance(s[0], str)]
-        if paths:
-            parts.append(value_part("the files", sizes_and_times=file_stats(paths)))
+        if paths:  # each file by its size and modification time; a message names the one changed
+            stats = file_stats(paths)
+            parts.append(Part("the files", tuple((path, (size, mtime), "") for path, size, mtime in stats)))
     return parts
 
 
