@@ -10,6 +10,11 @@ Two stores keep profiles, behind the :class:`ProfileStore` protocol:
 - :class:`DatabaseProfileStore`: a table ``autotune_profiles`` in any database Optuna's RDB storage
   accepts (``postgresql://...``, ``sqlite:///path``), shared by every node that uses the same URL.
 
+A password never leaves a store: the database store keeps its URL to itself and shows it masked
+(:func:`mask_url`) in its ``location``, its repr and its messages, and every record is masked on the
+way in and on the way out (:func:`mask_record`), so a profile written before passwords were masked
+is shown without it too.
+
 A bad entry (truncated JSON, another schema) is never an error: it is ignored with a
 :class:`~autotune.exceptions.ProfileStoreWarning` and read as a miss, and the next tuning run replaces
 it. A store that cannot be written (read-only folder, full disk) warns and ``put`` returns ``False``:
@@ -344,7 +349,7 @@ def _now() -> str:
 
 
 def _stamp(key: str, record: Mapping[str, Any]) -> dict[str, Any]:
-    stamped = dict(record)
+    stamped = mask_record(record)
     stamped["schema"] = SCHEMA_VERSION
     stamped["key"] = key
     stamped["created"] = record.get("created") or _now()
@@ -397,7 +402,7 @@ def _decode(
             f" or remove it with `autotune profiles clear`.",
         )
         return None
-    return record
+    return mask_record(record)
 
 
 def _user_stacklevel() -> int:
@@ -599,7 +604,7 @@ class DatabaseProfileStore:
             from sqlalchemy.engine import make_url
         except ImportError as err:  # pragma: no cover - SQLAlchemy comes with Optuna
             raise ProfileStoreError(
-                f"storage={url!r} needs SQLAlchemy, which is not installed; run"
+                f"storage={mask_url(url)!r} needs SQLAlchemy, which is not installed; run"
                 f" `pip install sqlalchemy` or omit storage= to use the embedded store."
             ) from err
         self._sa = sa
@@ -610,8 +615,8 @@ class DatabaseProfileStore:
                 f"storage={mask_url(url)!r} is not a database URL; use one such as"
                 f" 'postgresql://user:password@host/dbname' or 'sqlite:////path/to/profiles.db'."
             ) from err
-        self.location = parsed.render_as_string(hide_password=True)
-        self._password = parsed.password
+        self.location = mask_url(parsed.render_as_string(hide_password=True))
+        self._secrets = _url_secrets(parsed)
         resolved = _with_installed_driver(parsed)
         self._url = url if resolved is parsed else resolved.render_as_string(hide_password=False)
         parsed = resolved
@@ -642,12 +647,13 @@ class DatabaseProfileStore:
             )
             raise ProfileStoreError(
                 f"cannot open the profile store {self.location}: the database driver for"
-                f" {parsed.drivername!r} is not installed ({err}); run `{fix}`, or omit storage="
-                f" to use the embedded store."
+                f" {parsed.drivername!r} is not installed ({self._mask(str(err))}); run `{fix}`,"
+                f" or omit storage= to use the embedded store."
             ) from err
         except Exception as err:  # sqlalchemy.exc.NoSuchModuleError, ArgumentError
             raise ConfigurationError(
-                f"storage={self.location!r} names a database SQLAlchemy cannot open ({err}); use a"
+                f"storage={self.location!r} names a database SQLAlchemy cannot open"
+                f" ({self._mask(str(err))}); use a"
                 f" URL such as 'postgresql://user:password@host/dbname' or 'sqlite:////path/db'."
             ) from err
 
@@ -688,8 +694,10 @@ class DatabaseProfileStore:
         )
 
     def _mask(self, text: str) -> str:
-        if self._password:
-            text = text.replace(str(self._password), "***")
+        """``text`` with this store's password masked, in a URL or standing alone (a driver's DSN)."""
+        text = mask_url(text)
+        for secret in self._secrets:
+            text = text.replace(secret, MASK)
         return text
 
     # -- the store --------------------------------------------------------------------------------
@@ -804,6 +812,7 @@ class DatabaseProfileStore:
         return int(result.rowcount)
 
     def study_storage_url(self) -> str:
+        """The URL with its password, for Optuna to connect with: never to be shown or stored."""
         return self._url
 
     def close(self) -> None:
@@ -842,9 +851,41 @@ def _importable(module: str) -> bool:
         return False
 
 
+MASK = "***"
+"""What a password is shown as (SQLAlchemy's own mask, so both renderings of a URL agree)."""
+
 _PASSWORD_RE = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+_QUERY_PASSWORD_RE = re.compile(r"([?&]password=)[^&\s'\"]*", re.IGNORECASE)
 
 
 def mask_url(url: str) -> str:
-    """``url`` (or any text holding one) with a ``user:password@`` password replaced by ``***``."""
-    return _PASSWORD_RE.sub(r"\1***@", url)
+    """``url`` (or any text holding one) with its password replaced by ``***``.
+
+    Both places a database URL can carry one are masked: ``user:password@host`` and a
+    ``?password=`` query parameter (libpq reads it there too).
+    """
+    return _QUERY_PASSWORD_RE.sub(rf"\1{MASK}", _PASSWORD_RE.sub(rf"\1{MASK}@", url))
+
+
+def mask_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``record`` with :func:`mask_url` applied to every string in it, however nested."""
+    return {k: _mask_strings(v) for k, v in record.items()}
+
+
+def _mask_strings(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask_url(value)
+    if isinstance(value, Mapping):
+        return {k: _mask_strings(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_mask_strings(v) for v in value]
+    return value
+
+
+def _url_secrets(parsed: Any) -> tuple[str, ...]:
+    """The password of a parsed URL as it may appear in a message: decoded, URL-encoded, or query."""
+    from urllib.parse import quote
+
+    found = [parsed.password, parsed.query.get("password")]
+    texts = {str(p) for p in found if p and isinstance(p, str)}
+    return tuple(sorted(texts | {quote(t, safe="") for t in texts}, key=len, reverse=True))

@@ -337,6 +337,30 @@ def test_profiles_commands_take_cache_dir(capsys: pytest.CaptureFixture[str], tm
     assert profile_keys(capsys, "--cache-dir", str(cache)) == []
 
 
+def test_profiles_commands_never_show_a_stored_password(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A profile written before passwords were masked holds its study's URL with the password.
+    from autotune import Candidate, TuneResult, profiles
+
+    secret = "postgresql://me:hunter2@db.example/autotune"
+    result = TuneResult(loader_kwargs=Candidate(32).loader_kwargs(), samples_per_s=100.0,
+                        key="0123456789abcdef", study_name="autotune-old")
+    store = profiles.open_store()
+    assert isinstance(store, profiles.EmbeddedProfileStore)
+    store.profiles_dir.mkdir(parents=True, exist_ok=True)
+    old = {**result.to_dict(), "storage_url": secret, "schema": profiles.SCHEMA_VERSION,
+           "key": result.key, "created": "2026-01-01T00:00:00+00:00"}
+    store.path("0123456789abcdef").write_text(json.dumps(old))
+    for argv in (["show", "0123456789abcdef"], ["show", "0123456789abcdef", "--json"], ["list"],
+                 ["list", "--json"]):
+        code, out, err = run(capsys, "profiles", *argv)
+        assert code == 0, err
+        assert "hunter2" not in out + err, argv
+    code, out, _ = run(capsys, "profiles", "show", "0123456789abcdef", "--json")
+    assert json.loads(out)["storage_url"] == "postgresql://me:***@db.example/autotune"
+
+
 # --------------------------------------------------------------------------------------------------
 # A real process
 

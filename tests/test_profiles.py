@@ -515,6 +515,58 @@ def test_database_refused_connection_masks_password() -> None:
     assert "running and reachable" in str(info.value)
 
 
+SECRET_URL = "postgresql://me:hunter2@db.example/autotune?sslmode=require"
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        (SECRET_URL, "postgresql://me:***@db.example/autotune?sslmode=require"),
+        ("postgresql://db.example/x?user=me&password=hunter2&x=1",
+         "postgresql://db.example/x?user=me&password=***&x=1"),
+        ("postgresql+psycopg://me:hunter2@db.example:5432/x", "postgresql+psycopg://me:***@db.example:5432/x"),
+        ("sqlite:////tmp/studies.db", "sqlite:////tmp/studies.db"),
+    ],
+)
+def test_mask_url_hides_the_password_wherever_a_url_carries_it(url: str, masked: str) -> None:
+    assert profiles.mask_url(url) == masked
+    assert profiles.mask_url(f"could not reach {url}: refused") == f"could not reach {masked}: refused"
+
+
+def test_a_password_in_a_record_is_neither_written_nor_read_back(store: ProfileStore, tmp_path: Path) -> None:
+    # Tuning puts the study's storage URL into the record: the store keeps no password of it.
+    record = {**_record(), "storage_url": SECRET_URL, "trials": [{"reason": f"lost {SECRET_URL}"}]}
+    assert store.put("k", record)
+    got = store.get("k")
+    assert got is not None and "hunter2" not in json.dumps(got)
+    assert got["storage_url"] == "postgresql://me:***@db.example/autotune?sslmode=require"
+    for path in tmp_path.rglob("*"):  # the profile file or the SQLite database itself
+        if path.is_file():
+            assert b"hunter2" not in path.read_bytes(), path
+
+
+def test_a_profile_stored_with_a_password_is_read_without_it(tmp_path: Path) -> None:
+    # A profile written before passwords were masked still holds one on disk.
+    store = _embedded(tmp_path)
+    store.profiles_dir.mkdir(parents=True)
+    old = {**_record(), "schema": SCHEMA_VERSION, "key": "k", "storage_url": SECRET_URL}
+    store.path("k").write_text(json.dumps(old))
+    got = store.get("k")
+    assert got is not None and "hunter2" not in json.dumps(got)
+    assert "hunter2" not in json.dumps(store.list())
+
+
+def test_database_store_shows_no_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fake of an environment without PostgreSQL drivers, so that no server is needed: the store
+    # fails to open, and its message is what a user sees. The real server: test_profiles_postgres.py.
+    for module in ("psycopg2", "psycopg"):
+        monkeypatch.setitem(sys.modules, module, None)
+    for url in (SECRET_URL, "postgresql://db.example/x?user=me&password=hunter2"):
+        with pytest.raises(ProfileStoreError) as info:
+            open_store(storage=url)
+        assert "hunter2" not in str(info.value) and "***" in str(info.value)
+
+
 @pytest.mark.parametrize("url", ["not a url", "nosuchdialect://x/y"])
 def test_bad_storage_url_is_a_configuration_error(url: str) -> None:
     with pytest.raises(ConfigurationError, match="database"):
