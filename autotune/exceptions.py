@@ -8,7 +8,7 @@ The tree::
     │   ├── TrialTimeout (also TimeoutError)   a batch or the whole trial ran past its limit
     │   ├── MemoryLimitExceeded (also MemoryError)  the main process and its workers outgrew the budget
     │   ├── WorkerFailed                       a worker process died (exit, signal) or could not start
-    │   ├── CandidateInfeasible                refused before running (memory estimate, CUDA sharing)
+    │   ├── CandidateInfeasible                its pre-transform cache cannot be built for this data
     │   └── TrialPruned                        stopped early: clearly slower than the best so far
     ├── TuningFailed (also RuntimeError)       no candidate could be measured, for reasons not the user's
     └── ProfileStoreError                      the profile store could not be read or written
@@ -49,7 +49,9 @@ class WorkerFailed(CandidateError):
 
 
 class CandidateInfeasible(CandidateError):
-    """A candidate was refused before running, for a reason stated in the message."""
+    """A candidate's pre-transform cache cannot be built: the dataset cannot be cached, a sample does
+    not fit the layout planned from a few samples, or the cache outgrew its memory budget while being
+    built. The message says which; the search records the candidate as failed and goes on."""
 
 
 class TrialPruned(CandidateError):

@@ -202,11 +202,6 @@ def cifar_train_transform() -> transforms.Compose:
     )
 
 
-def cifar_eval_transform() -> transforms.Compose:
-    """The deterministic CIFAR-10 evaluation transform: to tensor, normalise."""
-    return transforms.Compose([transforms.ToTensor(), transforms.Normalize(CIFAR_MEAN, CIFAR_STD)])
-
-
 # --------------------------------------------------------------------------------------------------
 # Models and training steps
 
