@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
 import os
 import platform
 from dataclasses import asdict, dataclass
@@ -45,7 +43,10 @@ class MachineInfo:
         return self.accelerator == "cuda"
 
     def fingerprint(self) -> dict[str, Any]:
-        """The stable facts that decide which configuration is fastest (no momentary readings)."""
+        """The stable facts that decide which configuration is fastest (no momentary readings).
+
+        The machine half of a profile key (:func:`autotune.fingerprint.profile_key`).
+        """
         return {
             "cpu_model": self.cpu_model,
             "usable_cpus": self.usable_cpus,
@@ -59,17 +60,8 @@ class MachineInfo:
             "os": self.os,
         }
 
-    def fingerprint_hash(self) -> str:
-        return stable_hash(self.fingerprint())
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def stable_hash(obj: Any, length: int = 16) -> str:
-    """A short hex digest of a JSON-able object, the same in every process and on every run."""
-    text = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 def usable_cpu_count() -> int:

@@ -7,6 +7,7 @@ import time
 from typing import TextIO
 
 BAR_WIDTH = 24
+"""Characters of the bar: the counts, the best and the current trial still fit 100 columns."""
 
 
 class Progress:
@@ -20,7 +21,6 @@ class Progress:
         self.started = time.monotonic()
         self.trials = 0
         self.not_complete = 0
-        self.best: float | None = None
         self._drawn = False
 
     def update(self, *, label: str, state: str, samples_per_s: float | None, best: float | None,
@@ -28,7 +28,6 @@ class Progress:
         self.trials += 1
         if state != "complete":
             self.not_complete += 1
-        self.best = best
         if not self.enabled:
             return
         elapsed = time.monotonic() - self.started
@@ -49,11 +48,10 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
-    def close(self, message: str | None = None) -> None:
+    def close(self) -> None:
+        """End the status line, so what is printed next starts on a line of its own."""
         if not self.enabled:
             return
         if self._drawn:
             self.stream.write("\n")
-        if message:
-            self.stream.write(message + "\n")
         self.stream.flush()
