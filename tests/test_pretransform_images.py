@@ -391,3 +391,29 @@ def test_files_changing_under_the_cache_make_it_stale(tmp_path: Path) -> None:
     assert prepared.stale_reason() == f"the files changed ({path})"
     ds.samples.append(ds.samples[0])  # the samples list grows
     assert prepared.stale_reason() == "the dataset changed (length: 24 -> 25)"
+
+
+class MostlySquare(Dataset[Any]):
+    """Float images whose probed samples (every 4th or so) are 20x20 and the others 21x19."""
+
+    def __init__(self, n: int = 30) -> None:
+        probes = set(pt.plan.probe_indices(n))
+        gen = torch.Generator().manual_seed(0)
+        self.images = [
+            torch.rand((3, 20, 20) if i in probes else (3, 21, 19), generator=gen) for i in range(n)
+        ]
+        self.transform = T.Normalize(MEAN, STD)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.transform(self.images[index]) if self.transform is not None else self.images[index]
+
+
+def test_shapes_the_probes_did_not_see_are_stored_ragged() -> None:
+    ds = MostlySquare()
+    assert pt.strategies(ds, cuda=False)["ram"] is None  # the probes all look alike
+    prepared = pt.prepare(ds, "ram", device=CPU)
+    assert isinstance(prepared.dataset.fields[0], RaggedColumn)
+    assert all(map(same, (prepared.dataset[i] for i in range(30)), (ds[i] for i in range(30))))

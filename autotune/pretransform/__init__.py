@@ -66,7 +66,7 @@ from torch.utils.data import Dataset
 
 from ..exceptions import CandidateInfeasible, ConfigurationError, StaleCacheWarning
 from .plan import Plan, apply_field, make_plan, probe_indices, rng_preserved, stale_reason, wrap_table
-from .stores import ProgressFn, fill, fmt_bytes, is_ragged, mismatch, stack
+from .stores import ProgressFn, ShapeChanged, as_ragged, fill, fmt_bytes, is_ragged, log, mismatch, stack
 from .wrapped import _already_collated, _Unbatched, _wrap
 
 __all__ = [
@@ -199,13 +199,22 @@ def _build_ram(
         )
         return wrapped, sum(c.nbytes for c in wrapped.fields)
     source = plan.source if plan.source is not None else dataset
-    layout = plan.layout
     with rng_preserved():
-        fields, held = fill(
-            _samples(source, plan), layout, plan.length, subclasses=_subclasses(plan), share=True,
-            capacity_bytes=capacity, budget_bytes=budget, progress=progress,
-        )
-    return _wrap(fields, layout, plan), held
+        try:
+            fields, held = fill(
+                _samples(source, plan), plan.layout, plan.length, subclasses=_subclasses(plan),
+                share=True, capacity_bytes=capacity, budget_bytes=budget, progress=progress,
+            )
+        except ShapeChanged as err:
+            # The probes all had one shape, a later sample another: the same samples, stored
+            # ragged (per sample, as proven; only the batched gather is lost). Read once more.
+            log.info("%s: storing field(s) %s ragged and reading the samples again", err, err.fields)
+            plan.layout = as_ragged(plan.layout, err.fields)
+            fields, held = fill(
+                _samples(source, plan), plan.layout, plan.length, subclasses=_subclasses(plan),
+                share=True, capacity_bytes=capacity, budget_bytes=budget, progress=progress,
+            )
+    return _wrap(fields, plan.layout, plan), held
 
 
 def _build_device(dataset: Any, plan: Plan, device: torch.device) -> tuple[Any, int]:

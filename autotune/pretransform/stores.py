@@ -300,6 +300,26 @@ class _RaggedWriter:
 # ------------------------------------------------------------------------------------------- fill
 
 
+class ShapeChanged(CandidateInfeasible):
+    """A field the probes saw with one shape has another shape in a later sample."""
+
+    def __init__(self, message: str, fields: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+def _shape_only(layout: Layout, sample: Any, is_seq: bool) -> tuple[int, ...]:
+    """Fixed-shape tensor fields of ``sample`` that differ from ``layout`` in shape alone."""
+    fields = list(sample) if is_seq else [sample]
+    if len(fields) != len(layout):
+        return ()
+    return tuple(
+        k
+        for k, ((kind, shape, dtype), v) in enumerate(zip(layout, fields, strict=True))
+        if kind == "tensor" and isinstance(v, torch.Tensor) and v.dtype == dtype and tuple(v.shape) != shape
+    )
+
+
 def fill(
     samples: Iterable[Any],
     layout: Layout,
@@ -334,7 +354,11 @@ def fill(
             is_seq = isinstance(sample, (tuple, list))
         reason = mismatch(layout, sample, is_seq)
         if reason:
-            raise CandidateInfeasible(f"sample {i}: {reason}; the layout was planned from a few samples")
+            message = f"sample {i}: {reason}; the layout was planned from a few samples"
+            changed = _shape_only(layout, sample, is_seq)
+            if changed and mismatch(as_ragged(layout, changed), sample, is_seq) is None:
+                raise ShapeChanged(message, changed)
+            raise CandidateInfeasible(message)
         for k, value in enumerate(list(sample) if is_seq else [sample]):
             kind = layout[k][0]
             if k in writers:
@@ -367,6 +391,14 @@ def fill(
         else:
             fields.append(fixed[k])
     return fields, nbytes(fields)
+
+
+def as_ragged(layout: Layout, fields: Sequence[int]) -> Layout:
+    """``layout`` with ``fields`` stored ragged (their samples turned out to vary in shape)."""
+    return [
+        ("ragged", None, dtype) if k in fields else (kind, shape, dtype)
+        for k, (kind, shape, dtype) in enumerate(layout)
+    ]
 
 
 def nbytes(fields: Sequence[Any]) -> int:
