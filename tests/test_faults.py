@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -27,7 +28,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
 
 from autotune import (
     AutotuneWarning,
@@ -42,6 +43,7 @@ from autotune import pretransform as pt
 from autotune.machine import detect_machine
 from autotune.measure import MeasureLimits, build_loader, measure
 from autotune.space import build_space
+from autotune.threads import THREAD_NAME_PREFIX
 
 QUICK: dict[str, Any] = {"progress": False, "pretransform": "none", "max_workers": 2}
 """Small searches: two workers at most (2 cores here), no pre-transform unless a case needs one."""
@@ -190,6 +192,46 @@ class LeaksEverywhere(Vectors):
     def __getitem__(self, i: int) -> Any:
         self.kept.append(torch.ones(2**20))
         return super().__getitem__(i)
+
+
+def _in_thread_worker() -> bool:
+    return threading.current_thread().name.startswith(THREAD_NAME_PREFIX)
+
+
+class FailsInThreads(Vectors):
+    """Sample 7 raises, but only when a thread worker loads it."""
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 7 and _in_thread_worker():
+            raise ValueError("sample 7 is corrupt")
+        return super().__getitem__(i)
+
+
+class HangsInThreads(Vectors):
+    """A thread worker hangs at its fifth sample until ``release`` is set (at most two minutes)."""
+
+    def __init__(self) -> None:
+        super().__init__(256)
+        self.release = threading.Event()
+        self.loaded = 0
+
+    def __getitem__(self, i: int) -> Any:
+        if _in_thread_worker():
+            self.loaded += 1
+            if self.loaded % 5 == 0:
+                self.release.wait(120)
+        return super().__getitem__(i)
+
+
+def _thread_workers() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(THREAD_NAME_PREFIX)]
+
+
+def _no_thread_left(within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while _thread_workers() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _thread_workers() == []
 
 
 # ------------------------------------------------------------------------------------- checks
@@ -376,16 +418,19 @@ def spawn_start_method() -> Iterator[None]:
 
 
 @pytest.mark.parametrize("dataset_type", [HoldsLock, HoldsLambda])
-def test_an_unpicklable_dataset_under_spawn_is_tuned_without_workers(
+def test_an_unpicklable_dataset_under_spawn_is_tuned_without_worker_processes(
     dataset_type: type, spawn_start_method: None, clean: Path
 ) -> None:
     # Spawned workers receive the dataset pickled; one that cannot be pickled can only be loaded in
-    # the main process. That is decided up front (no worker is ever started), with a warning.
+    # the main process, by it or by thread workers. That is decided up front (no worker process is
+    # ever started), with a warning.
     with pytest.warns(AutotuneWarning, match=r"cannot be pickled.*num_workers=0.*'spawn'") as rec:
         result = tune_loader(dataset_type(), batch_size=16, budget_s=3, **QUICK)
     assert any(dataset_type.__name__ in str(w.message) for w in rec)
-    assert result.loader_kwargs["num_workers"] == 0
-    assert all(t.candidate.num_workers == 0 for t in result.trials if t.state != "infeasible")
+    assert result.loader_kwargs["num_workers"] == 0  # thread workers' kwargs say 0 processes too
+    ran = [t for t in result.trials if t.state != "infeasible"]
+    assert all(t.candidate.num_workers == 0 or t.candidate.threaded for t in ran)
+    assert any(t.candidate.threaded and t.state in ("complete", "pruned") for t in ran)
 
 
 def test_an_unpicklable_dataset_under_spawn_fails_a_worker_candidate_clearly(
@@ -416,8 +461,17 @@ def test_an_unsharded_iterable_dataset_is_tuned_with_a_warning(clean: Path) -> N
 
 
 def test_a_sharded_iterable_dataset_is_tuned_without_a_warning(clean: Path) -> None:
-    result = tune_loader(ShardedStream(), batch_size=8, budget_s=3, **QUICK)
-    assert isinstance(result, TuneResult)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        result = tune_loader(ShardedStream(), batch_size=8, budget_s=3, **QUICK)
+    assert [str(w.message) for w in seen if issubclass(w.category, AutotuneWarning)] == []
+    # Candidates with workers ran (measured, or stopped as slower: not failed), and a loader with
+    # workers gives every sample of the stream once.
+    with_workers = [t for t in result.trials if t.candidate.num_workers and t.state != "infeasible"]
+    assert with_workers and all(t.state in ("complete", "pruned") for t in with_workers), [
+        (t.candidate.label(), t.state, t.reason) for t in with_workers]
+    loader = build_loader(ShardedStream(), with_workers[0].candidate)
+    assert sorted(int(x[0]) for xs, _ in loader for x in xs) == list(range(ShardedStream().n))
 
 
 @pytest.mark.parametrize("kind", ["dict", "tuple", "string", "nested"])
@@ -429,8 +483,25 @@ def test_structured_samples_are_tuned(kind: str, clean: Path) -> None:
     # Samples are counted per sample whatever the structure: 8 per batch.
     m = complete[0].measurement
     assert m is not None and m.samples == 8 * m.batches
+    # The tuned loader batches them as PyTorch's default collate does: same structure, same values.
     batch = next(iter(result.make_loader(data)))
-    assert batch is not None
+    _assert_same(batch, default_collate([data[i] for i in range(8)]))
+
+
+def _assert_same(got: Any, expected: Any) -> None:
+    assert type(got) is type(expected), (type(got), type(expected))
+    if isinstance(expected, torch.Tensor):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    elif isinstance(expected, dict):
+        assert list(got) == list(expected)
+        for k in expected:
+            _assert_same(got[k], expected[k])
+    elif isinstance(expected, (list, tuple)):
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected, strict=True):
+            _assert_same(g, e)
+    else:
+        assert got == expected
 
 
 def test_a_dataset_smaller_than_the_warm_up_is_tuned(clean: Path) -> None:
@@ -512,6 +583,50 @@ def test_a_worker_that_hangs_is_stopped_by_the_batch_time_limit(clean: Path) -> 
     assert failed and all(t.candidate.num_workers > 0 for t in failed)
     assert all("TrialTimeout" in (t.reason or "") for t in failed), [t.reason for t in failed]
     assert result.loader_kwargs["num_workers"] == 0
+
+
+def test_a_thread_worker_that_raises_fails_its_candidate_and_the_search_goes_on(clean: Path) -> None:
+    result = tune_loader(FailsInThreads(), batch_size=4, budget_s=5, seed=1, shuffle=False, **QUICK)
+    failed = [t for t in result.trials if t.state == "failed"]
+    assert failed and all(t.candidate.threaded for t in failed), [t.candidate.label() for t in failed]
+    assert all("ValueError in a worker" in (t.reason or "") and "sample 7 is corrupt" in (t.reason or "")
+               for t in failed), [t.reason for t in failed]
+    assert not result.candidate.threaded
+    _no_thread_left()
+
+
+def test_a_thread_worker_that_hangs_is_stopped_by_the_batch_time_limit(clean: Path) -> None:
+    data = HangsInThreads()
+    t0 = time.monotonic()
+    try:
+        result = tune_loader(data, batch_size=4, budget_s=8, batch_timeout_s=1, **QUICK)
+        assert time.monotonic() - t0 < 40
+    finally:
+        data.release.set()  # a thread cannot be killed: the hung ones end when their call returns
+    failed = [t for t in result.trials if t.state == "failed"]
+    assert failed and all(t.candidate.threaded for t in failed), [t.candidate.label() for t in failed]
+    assert all("TrialTimeout" in (t.reason or "") for t in failed), [t.reason for t in failed]
+    assert not result.candidate.threaded
+    _no_thread_left()
+
+
+def test_sigint_during_a_thread_worker_trial_stops_promptly_and_leaves_no_thread(clean: Path) -> None:
+    from autotune import Candidate
+
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(1.0, lambda: signal.pthread_kill(main, signal.SIGINT))
+    limits = MeasureLimits(window_s=30, min_batches=3, max_batches=100_000, trial_timeout_s=60)
+    t0 = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            measure(Vectors(4096, delay_s=0.004), Candidate(8, 2, False, 2, False, worker_kind="thread"),
+                    limits=limits)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 15
+    _no_thread_left()
 
 
 def test_memory_that_grows_in_workers_is_stopped_by_the_guard(clean: Path) -> None:
@@ -707,7 +822,8 @@ def test_two_processes_tuning_the_same_workload_at_once(clean: Path, tmp_path: P
 
 _SPACE = build_space(
     detect_machine(), batch_size=[1, 3, 8], dataset_len=24, cuda=False,
-    pretransforms=("none", "ram"), max_workers=2,
+    pretransforms=("none", "ram"), max_workers=2, thread_workers=True, max_threads=2,
+    in_order_choices=(True, False),
 )
 _GRID = list(_SPACE.grid())
 _TINY = Vectors(24)
@@ -721,6 +837,8 @@ def test_every_candidate_the_space_can_produce_is_accepted(index: int, no_leaked
     candidate = _GRID[index]
     assert _SPACE.check(candidate) is None
     loader = build_loader(_TINY, candidate, device=torch.device("cpu"))
-    assert loader.batch_size == candidate.batch_size and loader.num_workers == candidate.num_workers
+    workers = getattr(loader, "worker_threads", 0) if candidate.threaded else loader.num_workers
+    assert loader.batch_size == candidate.batch_size and workers == candidate.num_workers
+    assert loader.in_order == candidate.in_order
     m = measure(_TINY, candidate, limits=_TINY_LIMITS)
     assert m.batches >= 1 and m.samples >= 1
