@@ -1,11 +1,14 @@
 """Describing datasets and samples: their structure (types, shapes, dtypes), never their values.
 
-Used by the messages of the pre-flight checks and by the workload fingerprint of the profile key.
-Imports no torch: a profile is read without it.
+Used by the messages of the pre-flight checks and by the workload fingerprint of the profile key,
+with :func:`jsonable` for anything else that must become plain JSON. Imports no torch: a profile is
+read without it.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +18,8 @@ MAX_ITEMS = 16
 
 MAX_DEPTH = 6
 """Nesting depth a sample is described to."""
+
+_ADDRESS_RE = re.compile(r"\s+at\s+0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
 
 
 def dataset_length(dataset: Any) -> int | None:
@@ -30,6 +35,33 @@ def qualname(obj: Any) -> str:
     module = getattr(obj, "__module__", None) or "?"
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
     return f"{module}.{name}"
+
+
+def strip_addresses(text: str) -> str:
+    """``text`` without memory addresses (`` at 0x7f...``), which differ in every process."""
+    return _ADDRESS_RE.sub("", text)
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` as plain JSON values, the same in every process for the same value.
+
+    Mappings get string keys in sorted order, tuples and sets become lists (a set sorted), a float
+    that JSON cannot hold (inf, nan) becomes ``None``, a function or class its qualified name, and
+    anything else its repr without memory addresses.
+    """
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, set | frozenset):
+        return sorted((jsonable(v) for v in obj), key=repr)
+    if callable(obj) and hasattr(obj, "__qualname__"):
+        return qualname(obj)
+    return strip_addresses(repr(obj))
 
 
 def describe_sample(sample: Any, depth: int = 0) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import psutil
 import torch
 from torch.utils.data import IterableDataset
 
-from . import distributed, preflight, profiles
+from . import distributed, fingerprint, preflight, profiles
 from . import pretransform as pt
 from .exceptions import AutotuneWarning, ConfigurationError
 from .machine import MachineInfo, detect_machine
@@ -207,13 +207,13 @@ def make_plan(
     }
     if ctx is not None:
         key_fixed["local_world_size"] = ctx.local_world_size  # the best per-rank setting depends on it
-    workload = profiles.workload_fingerprint(dataset, step=step, device=str(dev), fixed=key_fixed)
+    workload = fingerprint.workload_fingerprint(dataset, step=step, device=str(dev), fixed=key_fixed)
     return Plan(
         dataset=dataset, step=step, dataset_len=n, batch_size=batch_size, budget_s=budget,
         epochs=epochs, device=dev, strategies=strategies, max_workers=max_workers,
         memory_budget_bytes=memory_budget_bytes, batch_timeout_s=batch_timeout, shuffle=shuffle,
         collate_fn=collate_fn, seed=seed, machine=machine, dist=ctx, workload=workload,
-        key=profiles.profile_key(machine.fingerprint(), workload), excluded=excluded,
+        key=fingerprint.profile_key(machine.fingerprint(), workload), excluded=excluded,
         started_at=started,
     )
 

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from autotune import profiles
 from autotune.exceptions import ConfigurationError, ProfileStoreError, ProfileStoreWarning
+from autotune.fingerprint import profile_key, workload_fingerprint
 from autotune.profiles import (
     SCHEMA_VERSION,
     TMP_PREFIX,
@@ -31,9 +32,7 @@ from autotune.profiles import (
     EmbeddedProfileStore,
     ProfileStore,
     open_store,
-    profile_key,
     resolve_cache_dir,
-    workload_fingerprint,
 )
 
 MACHINE_FP = {"cpu_model": "Test CPU", "usable_cpus": 2, "accelerator": "none", "torch": "2.x"}
@@ -346,7 +345,9 @@ sys.modules["autotune"] = _pkg
 CACHE_HIT_CODE = (
     IMPORT_PROFILES_ONLY
     + """
+import autotune.fingerprint as f
 import autotune.profiles as p
+key = f.profile_key({"m": 1}, f.workload_fingerprint([(1.0, 2)], step=len, fixed={"batch_size": 8}))
 store = p.open_store()
 assert store.get(sys.argv[1]) is not None
 print(sorted({m.split(".")[0] for m in sys.modules} & {"sqlalchemy", "optuna", "torch"}))
@@ -355,7 +356,8 @@ print(sorted({m.split(".")[0] for m in sys.modules} & {"sqlalchemy", "optuna", "
 
 
 def test_cache_hit_imports_no_database_library(tmp_path: Path) -> None:
-    # A cache hit stays a file read: the module and the read import no SQLAlchemy, Optuna or torch.
+    # A cache hit stays a file read: keying the workload, opening the store and reading the profile
+    # import no SQLAlchemy, Optuna or torch.
     store = open_store()
     store.put("hit", _record())
     assert _run_python(CACHE_HIT_CODE, "hit").strip() == "[]"
@@ -784,7 +786,7 @@ def step(batch):
 
 
 def fingerprint():
-    from autotune.profiles import profile_key, workload_fingerprint
+    from autotune.fingerprint import profile_key, workload_fingerprint
     fp = workload_fingerprint(Images(), step=step, device="cpu", fixed={"batch_size": 32})
     return fp, profile_key({"m": 1}, fp)
 """

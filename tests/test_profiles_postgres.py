@@ -23,7 +23,8 @@ import pytest
 import torch
 from together import PRELUDE, run_together
 
-from autotune.profiles import DatabaseProfileStore, mask_url, open_store, profile_key
+from autotune.fingerprint import profile_key
+from autotune.profiles import DatabaseProfileStore, mask_url, open_store
 
 pytestmark = pytest.mark.postgres
 
