@@ -148,7 +148,8 @@ class ProfileStore(Protocol):
         ...
 
     def study_storage_url(self) -> str:
-        """The Optuna storage URL where tuning runs keep their studies."""
+        """The Optuna storage URL where tuning runs keep their studies, password included: for
+        connecting only, never to be shown, logged or stored (:func:`mask_url` it first)."""
         ...
 
     def close(self) -> None:
@@ -206,12 +207,19 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _stamp(key: str, record: Mapping[str, Any]) -> dict[str, Any]:
+def _encode(key: str, record: Mapping[str, Any], *, indent: int | None = None) -> tuple[dict[str, Any], str]:
+    """``record`` as it is stored (masked, with schema, key and creation time) and as JSON text."""
     stamped = mask_record(record)
     stamped["schema"] = SCHEMA_VERSION
     stamped["key"] = key
     stamped["created"] = record.get("created") or _now()
-    return stamped
+    try:
+        return stamped, json.dumps(stamped, indent=indent, sort_keys=True)
+    except (TypeError, ValueError) as err:
+        raise ProfileStoreError(
+            f"the profile for key {key} cannot be stored: {err}; a record must hold only JSON"
+            f" values (dict, list, str, int, float, bool, None)."
+        ) from err
 
 
 def _validate(record: Any, key: str) -> str | None:
@@ -320,14 +328,8 @@ class EmbeddedProfileStore:
 
     def put(self, key: str, record: Mapping[str, Any]) -> bool:
         path = self.path(key)
-        stamped = _stamp(key, record)
-        try:
-            data = json.dumps(stamped, indent=2, sort_keys=True).encode("utf-8")
-        except (TypeError, ValueError) as err:
-            raise ProfileStoreError(
-                f"the profile for key {key} cannot be stored: {err}; a record must hold only JSON"
-                f" values (dict, list, str, int, float, bool, None)."
-            ) from err
+        _, text = _encode(key, record, indent=2)
+        data = text.encode("utf-8")
         try:
             self.profiles_dir.mkdir(parents=True, exist_ok=True)
             _atomic_write(path, data)
@@ -580,14 +582,7 @@ class DatabaseProfileStore:
     def put(self, key: str, record: Mapping[str, Any]) -> bool:
         sa = self._sa
         _check_key(key)
-        stamped = _stamp(key, record)
-        try:
-            text = json.dumps(stamped, sort_keys=True)
-        except (TypeError, ValueError) as err:
-            raise ProfileStoreError(
-                f"the profile for key {key} cannot be stored: {err}; a record must hold only JSON"
-                f" values (dict, list, str, int, float, bool, None)."
-            ) from err
+        stamped, text = _encode(key, record)
         values = {
             "key": key,
             "schema": SCHEMA_VERSION,
