@@ -12,16 +12,19 @@ from .exceptions import (
     MemoryLimitExceeded,
     ProfileStoreError,
     ProfileStoreWarning,
+    StaleCacheWarning,
     TrialPruned,
     TrialTimeout,
     TuningFailed,
     WorkerFailed,
 )
+from .loader import DataLoader
 from .machine import detect_machine
 from .measure import MeasureLimits, Measurement, measure
 from .profiles import open_store
 from .space import Candidate
 from .study import TrialRecord
+from .threads import ThreadDataLoader
 
 _DISTRIBUTION = "dataloader-autotune"
 """The name this package is installed under (the import name is ``autotune``)."""
@@ -40,11 +43,14 @@ __all__ = [
     "ConfigurationError",
     "DEFAULT_BUDGET_S",
     "DEFAULT_EPOCHS",
+    "DataLoader",
     "MeasureLimits",
     "Measurement",
     "MemoryLimitExceeded",
     "ProfileStoreError",
     "ProfileStoreWarning",
+    "StaleCacheWarning",
+    "ThreadDataLoader",
     "TrialPruned",
     "TrialRecord",
     "TrialTimeout",

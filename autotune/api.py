@@ -13,9 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import distributed, profiles
-from . import pretransform as pt
-from .exceptions import ConfigurationError
-from .measure import measure, quiet_worker_warning
+from .measure import measure
 from .plan import Plan, make_plan
 from .progress import Progress
 from .space import Candidate
@@ -70,37 +68,43 @@ class TuneResult:
 
     @property
     def candidate(self) -> Candidate:
-        kw = self.loader_kwargs
-        return Candidate(
-            batch_size=int(kw["batch_size"]),
-            num_workers=int(kw.get("num_workers", 0)),
-            pin_memory=bool(kw.get("pin_memory", False)),
-            prefetch_factor=kw.get("prefetch_factor"),
-            persistent_workers=bool(kw.get("persistent_workers", False)),
-            pretransform=self.pretransform,
-            torch_threads=self.torch_threads,
-        )
+        return Candidate.from_loader_kwargs(
+            self.loader_kwargs, pretransform=self.pretransform, torch_threads=self.torch_threads)
 
     def make_loader(self, dataset: Any, **overrides: Any) -> DataLoader[Any]:
-        """A real DataLoader with the tuned settings; ``overrides`` win (``shuffle=True`` etc.).
+        """A DataLoader with the tuned settings, as measured; ``overrides`` win (``shuffle=True`` etc.).
 
-        With a pre-transform, the dataset is wrapped (built once per process, then reused).
+        It is an :class:`autotune.DataLoader` fixed to this result (it explores nothing): built by
+        the same builder the search measured with, the pre-transform applied (the cache is built once
+        per process and dataset), thread workers where they won, and the main process's torch thread
+        count set to ``torch_threads`` while it loads, put back by ``close()`` or when the loader is
+        collected. A tunable setting in ``overrides`` (``num_workers=0``, say) replaces the tuned one.
         """
-        prepared = pt.prepare(dataset, self.pretransform, device=torch.device(self.device))
-        kwargs: dict[str, Any] = dict(self.loader_kwargs)
-        if prepared.collate_fn is not None:
-            kwargs["collate_fn"] = prepared.collate_fn
-        kwargs.update(overrides)
-        if self.pretransform == "device" and kwargs.get("num_workers", 0):
-            raise ConfigurationError(
-                f"num_workers={kwargs['num_workers']} cannot be used with pretransform='device':"
-                " worker processes cannot share CUDA tensors; keep num_workers=0."
-            )
-        if kwargs.get("num_workers", 0) == 0:
-            kwargs.pop("prefetch_factor", None)
-            kwargs.pop("persistent_workers", None)
-        with quiet_worker_warning():
-            return DataLoader(prepared.dataset, **kwargs)
+        from .loader import DataLoader as TunedDataLoader
+
+        return TunedDataLoader.configured(dataset, self.candidate, device=self.device, **overrides)
+
+    def training_args(self) -> dict[str, Any]:
+        """The tuned settings as Hugging Face ``transformers.TrainingArguments`` keywords.
+
+        ``TrainingArguments(output_dir=..., **result.training_args())``. The Trainer builds a plain
+        DataLoader, which cannot start thread workers: when threads won, these are the best
+        measured configuration with worker processes (or none) instead. The Trainer has no place
+        for a pre-transform cache or the main process's thread count (set that one with
+        ``torch.set_num_threads``).
+        """
+        c = self.candidate
+        if c.threaded:
+            plain = [t for t in self.trials
+                     if t.state == "complete" and t.score is not None and not t.candidate.threaded
+                     and t.candidate.pretransform == "none"]
+            c = max(plain, key=lambda t: t.score or 0.0).candidate if plain else Candidate(c.batch_size)
+        return {
+            "dataloader_num_workers": c.num_workers,
+            "dataloader_pin_memory": c.pin_memory,
+            "dataloader_persistent_workers": c.persistent_workers if c.num_workers else False,
+            "dataloader_prefetch_factor": c.prefetch_factor if c.num_workers else None,
+        }
 
     def diagnosis(self) -> str:
         """One line on the bottleneck, before and after."""
@@ -198,6 +202,7 @@ def tune_loader(
     collate_fn: Callable[[Any], Any] | None = None,
     seed: int = 0,
     progress: bool = True,
+    in_order: bool | None = None,
 ) -> TuneResult:
     """Find the fastest DataLoader settings for ``dataset`` (and ``step``) on this machine.
 
@@ -207,7 +212,8 @@ def tune_loader(
             measures loading alone.
         batch_size: an int fixes it (batch size changes training, so it is only searched when
             asked); a list searches among those; ``None`` searches ``space.DEFAULT_BATCH_SIZES``.
-        budget_s: wall-clock seconds for the whole call, respected within 10 %.
+        budget_s: wall-clock seconds for the whole call, a ceiling: the search stops early once it
+            converges, and a trial still running at the deadline is cut short.
         device: where batches go before the step; ``None``: CUDA when available, else CPU.
         cache: return a stored profile for the same machine and workload without measuring, and
             store the new best otherwise. ``retune=True`` measures and overwrites.
@@ -224,11 +230,15 @@ def tune_loader(
         shuffle, collate_fn: as for the DataLoader you will build.
         seed: seeds the sampler and the shuffling, so a search can be repeated.
         progress: show a progress line on stderr.
+        in_order: ``None`` searches out-of-order delivery (``in_order=False``: a batch is handed out
+            as soon as any worker has one) only with ``shuffle=True``; ``True`` never; ``False``
+            searches it even without shuffling.
     """
     plan = make_plan(
         dataset, step, batch_size=batch_size, budget_s=budget_s, device=device, epochs=epochs,
         pretransform=pretransform, max_workers=max_workers, memory_budget_bytes=memory_budget_bytes,
         batch_timeout_s=batch_timeout_s, shuffle=shuffle, collate_fn=collate_fn, seed=seed,
+        in_order=in_order,
     )
     ctx = plan.dist
     if ctx is not None and not ctx.leader:

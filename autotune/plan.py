@@ -29,7 +29,7 @@ from . import pretransform as pt
 from .exceptions import AutotuneWarning, ConfigurationError
 from .machine import MachineInfo, detect_machine
 from .measure import DEFAULT_BATCH_TIMEOUT_S, MeasureLimits, process_memory
-from .space import SearchSpace, build_space
+from .space import SearchSpace, build_space, check_bound, resolve_batch_sizes, resolve_in_order
 from .study import SearchSettings
 
 log = logging.getLogger("autotune")
@@ -63,7 +63,11 @@ class Plan:
     strategies: tuple[str, ...]
     """The pre-transform strategies asked for (``auto`` expanded)."""
     max_workers: int | None
-    """The user's bound, lowered to 0 where worker processes cannot work (see ``excluded``)."""
+    """The bound on worker processes: the user's, lowered to 0 where they cannot work (``excluded``)."""
+    max_threads: int | None
+    """The bound on thread workers: the user's ``max_workers`` (threads work wherever processes do,
+    and also with CUDA tensors and data that cannot be pickled)."""
+    in_order: bool | None
     memory_budget_bytes: int | None
     batch_timeout_s: float
     shuffle: bool
@@ -97,6 +101,8 @@ class Plan:
             self.machine, batch_size=self.batch_size, dataset_len=self.dataset_len,
             cuda=self.device.type == "cuda", pretransforms=usable, max_workers=self.max_workers,
             excluded=self.excluded, epochs=self.epochs, local_world_size=self.local_ranks,
+            thread_workers=not self.iterable, max_threads=self.max_threads,
+            in_order_choices=resolve_in_order(self.in_order, shuffle=self.shuffle and not self.iterable),
         )
         limits = measure_limits(self.budget_s, memory_budget_bytes=self.memory_budget_bytes,
                                 batch_timeout_s=self.batch_timeout_s,
@@ -128,6 +134,7 @@ def make_plan(
     shuffle: bool,
     collate_fn: Callable[[Any], Any] | None,
     seed: int,
+    in_order: bool | None = None,
     fixed: dict[str, Any] | None = None,
     stacklevel: int = 2,
 ) -> Plan:
@@ -158,16 +165,12 @@ def make_plan(
         memory_budget_bytes = int(preflight.check_number(
             "memory_budget_bytes", memory_budget_bytes, minimum=0,
             fix="give a positive number of bytes, or None for half the available RAM."))
-    if max_workers is not None and (
-            isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 0):
-        raise ConfigurationError(
-            f"max_workers={max_workers!r} must be a non-negative integer; use 0 to keep"
-            " loading in the main process."
-        )
+    if max_workers is not None:
+        check_bound("max_workers", max_workers)
+    resolve_in_order(in_order, shuffle=shuffle)
     # The batch sizes are checked against the dataset here, not first when the space is drawn.
-    from .space import resolve_batch_sizes
-
     resolve_batch_sizes(batch_size, n)
+    max_threads = max_workers
     if collate_fn is None:
         preflight.check_collates(dataset, n, batch_size)
 
@@ -203,6 +206,7 @@ def make_plan(
         "max_workers": max_workers,
         "shuffle": shuffle,
         "collate_fn": getattr(collate_fn, "__qualname__", None if collate_fn is None else "custom"),
+        **({"in_order": in_order} if in_order is not None else {}),
         **(fixed or {}),
     }
     if ctx is not None:
@@ -211,8 +215,9 @@ def make_plan(
     return Plan(
         dataset=dataset, step=step, dataset_len=n, batch_size=batch_size, budget_s=budget,
         epochs=epochs, device=dev, strategies=strategies, max_workers=max_workers,
-        memory_budget_bytes=memory_budget_bytes, batch_timeout_s=batch_timeout, shuffle=shuffle,
-        collate_fn=collate_fn, seed=seed, machine=machine, dist=ctx, workload=workload,
+        max_threads=max_threads, in_order=in_order, memory_budget_bytes=memory_budget_bytes,
+        batch_timeout_s=batch_timeout, shuffle=shuffle, collate_fn=collate_fn, seed=seed,
+        machine=machine, dist=ctx, workload=workload,
         key=fingerprint.profile_key(machine.fingerprint(), workload), excluded=excluded,
         started_at=started,
     )

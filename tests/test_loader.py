@@ -1,0 +1,322 @@
+"""The drop-in DataLoader: tuned inside the user's own loop, every sample exactly once per epoch."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import Dataset, DistributedSampler, IterableDataset, get_worker_info
+
+import autotune
+from autotune import ConfigurationError, DataLoader, TuneResult, tune_loader
+from autotune import loader as online
+
+
+class Remote(Dataset):
+    """Simulated remote storage: every read waits, so workers help and the search has work to do."""
+
+    def __init__(self, n: int = 1024, delay_s: float = 0.002) -> None:
+        self.n = n
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        time.sleep(self.delay_s)
+        return torch.full((4,), float(i)), i % 10
+
+
+class CrashesInWorkers(Remote):
+    """A worker process that reads sample 300 dies; the main process reads it fine."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        in_a_worker_process = (get_worker_info() is not None
+                               and threading.current_thread() is threading.main_thread())
+        if i == 300 and in_a_worker_process:
+            os._exit(3)
+        return super().__getitem__(i)
+
+
+class FailsInTheMiddle(Remote):
+    """The user's bug: samples 10-59 cannot be read, under any configuration."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if 10 <= i < 60:
+            raise KeyError(f"no sample {i} in this shard")
+        return super().__getitem__(i)
+
+
+class Stream(IterableDataset):
+    """A sharded stream of 0..n-1."""
+
+    def __init__(self, n: int = 600) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, self.n, step):
+            time.sleep(0.001)
+            yield torch.tensor([float(i)])
+
+
+def _epoch(loader: Any, step_s: float = 0.002) -> list[int]:
+    seen: list[int] = []
+    for batch in loader:
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        seen.extend(int(v) for v in x[:, 0])
+        time.sleep(step_s)  # the user's step
+    return seen
+
+
+def test_it_is_a_torch_dataloader_with_torch_s_attributes() -> None:
+    ds = Remote(100)
+    loader = DataLoader(ds, batch_size=8, shuffle=True, drop_last=True)
+    plain = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True, drop_last=True)
+    assert isinstance(loader, torch.utils.data.DataLoader)
+    assert len(loader) == len(plain) == 12
+    assert loader.dataset is ds and loader.batch_size == 8 and loader.drop_last
+    assert isinstance(loader.sampler, torch.utils.data.RandomSampler)
+    assert loader.batch_sampler is not None and loader.collate_fn is plain.collate_fn
+    loader.close()
+
+
+@pytest.mark.parametrize("epochs", [3])
+def test_every_sample_once_per_epoch_while_exploring_and_settled(epochs: int, no_leaked_children) -> None:
+    ds = Remote(1024)
+    with DataLoader(ds, batch_size=16, shuffle=True, cache=False) as loader:
+        orders = []
+        for _ in range(epochs):
+            seen = _epoch(loader)
+            assert Counter(seen) == Counter(range(len(ds)))  # each exactly once
+            orders.append(seen)
+        # The order is the sampler's: shuffled, and different every epoch.
+        assert orders[0] != sorted(orders[0]) and orders[0] != orders[1]
+        result = loader.tuning
+        assert isinstance(result, TuneResult)
+        # More than one configuration served the first epoch, and the choice beats the defaults.
+        assert len({t.candidate for t in result.trials}) > 2
+        assert result.trials[0].phase == "baseline" and result.trials[0].candidate.num_workers == 0
+        assert loader.settled
+        assert result.speedup is not None and result.speedup > 1.0
+
+
+def test_a_distributed_sampler_keeps_its_shard_and_its_epochs() -> None:
+    ds = Remote(512, delay_s=0.0005)
+    sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=3)
+    loader = DataLoader(ds, batch_size=8, sampler=sampler, cache=False)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        expected = list(sampler)  # what this rank would read in this epoch
+        assert _epoch(loader, step_s=0.0) == [int(i) for i in expected]
+    loader.close()
+
+
+def test_an_iterable_dataset_switches_only_between_epochs(no_leaked_children) -> None:
+    ds = Stream(600)
+    with DataLoader(ds, batch_size=10, cache=False) as loader:
+        for _ in range(3):
+            assert sorted(_epoch(loader, step_s=0.001)) == list(range(600))
+
+
+def test_explicit_settings_are_fixed_and_never_searched() -> None:
+    ds = Remote(512)
+    with DataLoader(ds, batch_size=16, num_workers=1, prefetch_factor=4, cache=False) as loader:
+        for _ in range(2):
+            assert Counter(_epoch(loader)) == Counter(range(512))
+        assert loader.tuning is not None
+        for t in loader.tuning.trials:
+            assert (t.candidate.num_workers, t.candidate.prefetch_factor) == (1, 4)
+            assert t.candidate.worker_kind == "process"
+
+
+def test_the_thread_count_is_restored_on_close_and_on_collection() -> None:
+    before = torch.get_num_threads()
+    ds = Remote(64, delay_s=0.0)
+    result_threads = 1 if before != 1 else 2
+    loader = DataLoader(ds, batch_size=8, torch_threads=result_threads, num_workers=0, cache=False,
+                        pretransform="none")
+    _epoch(loader, step_s=0.0)
+    assert torch.get_num_threads() == result_threads  # what it was measured with, while it loads
+    loader.close()
+    assert torch.get_num_threads() == before
+    loader = DataLoader(ds, batch_size=8, torch_threads=result_threads, num_workers=0, cache=False,
+                        pretransform="none")
+    _epoch(loader, step_s=0.0)
+    del loader
+    gc.collect()
+    assert torch.get_num_threads() == before
+
+
+def test_make_loader_applies_the_measured_thread_count() -> None:
+    # The shortest README usage must load as the result was measured, threads included.
+    before = torch.get_num_threads()
+    ds = Remote(256, delay_s=0.0)
+    result = tune_loader(ds, batch_size=16, budget_s=3.0, progress=False, cache=False,
+                         pretransform="none", max_workers=1)
+    with result.make_loader(ds, shuffle=True) as loader:
+        assert isinstance(loader, DataLoader)
+        assert loader.num_workers == (result.loader_kwargs["num_workers"]
+                                      if "worker_threads" not in result.loader_kwargs else 0)
+        assert Counter(_epoch(loader, step_s=0.0)) == Counter(range(256))
+        assert torch.get_num_threads() == (result.torch_threads or before)
+        assert loader.tuning is None  # fixed to the result: nothing explored
+    assert torch.get_num_threads() == before
+
+
+def test_a_worker_crash_while_exploring_loses_and_repeats_nothing(no_leaked_children) -> None:
+    ds = CrashesInWorkers(1024)
+    with DataLoader(ds, batch_size=16, shuffle=False, cache=False, pretransform="none") as loader:
+        for _ in range(2):
+            assert Counter(_epoch(loader)) == Counter(range(len(ds)))
+        failed = [t for t in loader.tuning.trials if t.state == "failed"]
+        assert failed, [t.state for t in loader.tuning.trials]
+        assert all(t.candidate.num_workers > 0 and t.candidate.worker_kind == "process" for t in failed)
+        assert all(t.reason for t in failed)
+
+
+def test_the_user_s_own_error_is_raised_unchanged() -> None:
+    loader = DataLoader(FailsInTheMiddle(64), batch_size=8, cache=False, pretransform="none")
+    with pytest.raises(KeyError, match="no sample 1[0-5] in this shard"):
+        _epoch(loader)
+    loader.close()
+
+
+def test_ctrl_c_in_the_loop_leaves_no_worker(no_leaked_children) -> None:
+    ds = Remote(2048)
+    loader = DataLoader(ds, batch_size=16, cache=False, pretransform="none")
+    with pytest.raises(KeyboardInterrupt):
+        for k, _ in enumerate(loader):
+            if k == 60:  # by now exploration runs candidates with worker processes
+                raise KeyboardInterrupt
+    loader.close()
+    gc.collect()
+
+
+def test_the_profile_is_written_then_reused_without_exploring() -> None:
+    ds = Remote(512)
+    first = DataLoader(ds, batch_size=16, shuffle=True)
+    for _ in range(2):
+        _epoch(first)
+    assert first.settled and first.tuning is not None and not first.tuning.from_cache
+    chosen = first.tuning.candidate
+    first.close()
+    second = DataLoader(ds, batch_size=16, shuffle=True)
+    assert second.settled  # from the profile, before any batch
+    assert second.tuning is not None and second.tuning.from_cache
+    assert second.tuning.candidate == chosen
+    assert Counter(_epoch(second)) == Counter(range(512))
+    second.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_workers": -1}, r"num_workers=-1 must be a non-negative integer"),
+        ({"num_workers": "many"}, r"num_workers='many' is not a setting"),
+        ({"prefetch_factor": 0}, r"prefetch_factor=0 must be a positive integer"),
+        ({"num_workers": 0, "prefetch_factor": 2}, r"prefetch_factor=2 needs num_workers > 0"),
+        ({"torch_threads": 0}, r"torch_threads=0 must be a positive integer"),
+        ({"pretransform": "disk"}, r"pretransform='disk' is not a pre-transform strategy"),
+        ({"epochs": 0}, r"epochs=0 must be a positive integer"),
+    ],
+)
+def test_bad_input_is_refused_at_construction(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        DataLoader(Remote(32), batch_size=4, **kwargs)
+
+
+def test_a_batch_larger_than_the_dataset_is_one_short_batch_as_in_torch() -> None:
+    loader = DataLoader(Remote(10, delay_s=0.0), batch_size=64, cache=False)
+    batches = list(loader)
+    assert len(batches) == 1 and batches[0][0].shape[0] == 10
+    loader.close()
+
+
+def test_listeners_hear_of_every_loader_and_its_settling() -> None:
+    heard: list[tuple[str, str]] = []
+
+    class Ear(online.Listener):
+        def built(self, loader: DataLoader) -> None:
+            heard.append(("built", loader.origin))
+
+        def settled(self, loader: DataLoader) -> None:
+            heard.append(("settled", loader.origin))
+
+    ear = Ear()
+    online.add_listener(ear)
+    try:
+        loader = DataLoader(Remote(256), batch_size=16, cache=False)
+        for _ in range(2):
+            _epoch(loader)
+        loader.close()
+    finally:
+        online.remove_listener(ear)
+    assert heard[0][0] == "built" and heard[0][1].startswith("tests/test_loader.py:")
+    assert ("settled", heard[0][1]) in heard
+    assert autotune.DataLoader is DataLoader
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 10)
+
+
+# Lightning's own advice (on num_workers, logging) and its dependencies' deprecations are not ours.
+@pytest.mark.filterwarnings("ignore::UserWarning:lightning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_lightning_trainer_fits_with_the_drop_in(no_leaked_children) -> None:
+    lightning = pytest.importorskip("lightning")
+    ds = Remote(384, delay_s=0.001)
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _Tiny()
+            self.seen: list[Counter[int]] = []
+            self.loader: DataLoader | None = None
+
+        def on_train_epoch_start(self) -> None:
+            self.seen.append(Counter())
+
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            x, y = batch
+            self.seen[-1].update(int(v) for v in x[:, 0])
+            return torch.nn.functional.cross_entropy(self.net.lin(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self) -> DataLoader:
+            self.loader = DataLoader(ds, batch_size=16, shuffle=True, cache=False)
+            return self.loader
+
+    module = Module()
+    trainer = lightning.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False)
+    trainer.fit(module)
+    assert len(module.seen) == 2
+    for seen in module.seen:
+        assert seen == Counter(range(len(ds)))  # every sample once per epoch
+    assert isinstance(trainer.train_dataloader, DataLoader)
+    assert trainer.train_dataloader.tuning is not None and len(trainer.train_dataloader.tuning.trials) > 1
+    # Lightning re-creates a loader to inject a distributed sampler (under DDP): the re-created one is
+    # still the drop-in, with the new sampler and the script's own settings.
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    sampler = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=False)
+    again = _update_dataloader(trainer.train_dataloader, sampler)
+    assert isinstance(again, DataLoader) and again.sampler is sampler and again.batch_size == 16
+    assert sorted(_epoch(again, step_s=0.0)) == sorted(int(i) for i in sampler)
+    again.close()
+    trainer.train_dataloader.close()
