@@ -417,3 +417,23 @@ def test_shapes_the_probes_did_not_see_are_stored_ragged() -> None:
     prepared = pt.prepare(ds, "ram", device=CPU)
     assert isinstance(prepared.dataset.fields[0], RaggedColumn)
     assert all(map(same, (prepared.dataset[i] for i in range(30)), (ds[i] for i in range(30))))
+
+
+@pytest.mark.parametrize("kind", ["folder", "table"])
+def test_a_build_reads_in_worker_processes_and_stores_the_same(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch, no_leaked_children: None
+) -> None:
+    if kind == "folder":
+        ds: Any = ImageFolder(str(write_mixed_folder(tmp_path / "images")), transform=T.RandomResizedCrop(8))
+    else:
+        ds = hf_table(tmp_path, n=24)
+        ds.set_transform(hf_transform)
+    serial = pt.prepare(ds, "ram", device=CPU)
+    pt.clear_builds()
+    monkeypatch.setattr(pt, "PARALLEL_BUILD_SAMPLES", 8)  # 24 samples: read by two workers
+    monkeypatch.setattr(pt, "BUILD_CHUNK", 5)
+    parallel = pt.prepare(ds, "ram", device=CPU)
+    assert parallel is not serial and parallel.nbytes == serial.nbytes
+    for a, b in zip(serial.dataset.fields, parallel.dataset.fields, strict=True):
+        parts = zip(a.tensors(), b.tensors(), strict=True) if isinstance(a, RaggedColumn) else [(a, b)]
+        assert all(torch.equal(x, y) for x, y in parts)

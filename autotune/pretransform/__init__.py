@@ -62,10 +62,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from ..exceptions import CandidateInfeasible, ConfigurationError, StaleCacheWarning
-from .plan import Plan, apply_field, make_plan, probe_indices, rng_preserved, stale_reason, wrap_table
+from ..machine import usable_cpu_count
+from .plan import (
+    Plan,
+    PrefixView,
+    apply_field,
+    make_plan,
+    probe_indices,
+    rng_preserved,
+    stale_reason,
+    wrap_table,
+)
 from .stores import ProgressFn, ShapeChanged, as_ragged, fill, fmt_bytes, is_ragged, log, mismatch, stack
 from .wrapped import _already_collated, _Unbatched, _wrap
 
@@ -89,6 +99,16 @@ RAGGED_HEADROOM = 1.25
 
 TABLE_READ_ROWS = 64
 """Rows of a Hugging Face table read at a time while its images are cached."""
+
+PARALLEL_BUILD_SAMPLES = 512
+"""A ram build reads samples in worker processes (one per usable CPU, at most MAX_BUILD_WORKERS)
+from this many samples on: below it, starting them costs more than the decoding they share."""
+
+MAX_BUILD_WORKERS = 8
+"""Most worker processes a build reads with: reading files does not scale much further."""
+
+BUILD_CHUNK = 32
+"""Samples a build worker hands back at a time."""
 
 
 class _Freshness:
@@ -168,16 +188,39 @@ def _stale_message(strategy: str, reason: str) -> str:
 
 
 def _samples(source: Any, plan: Plan) -> Iterator[Any]:
-    for i in range(plan.length):
-        yield apply_field(plan.prefix, source[i], plan.field)
+    """Every sample through the prefix, in order; read by worker processes when that pays."""
+    view = PrefixView(source, plan.prefix, plan.field)
+    yield from _read(view, plan.length)
 
 
 def _table_rows(plan: Plan) -> Iterator[dict[str, Any]]:
-    raw = plan.source
-    for start in range(0, plan.length, TABLE_READ_ROWS):
-        batch = raw[start : start + TABLE_READ_ROWS]
-        for j in range(len(batch[next(iter(batch))])):
-            yield {c: values[j] for c, values in batch.items()}
+    yield from _read(plan.source, plan.length)
+
+
+def _read(view: Any, n: int) -> Iterator[Any]:
+    """``view[0], view[1], ...``: in this process, or in order from worker processes.
+
+    The build is one pass of decoding over the whole data set; on a machine with several CPUs the
+    workers share it (the prefix is deterministic, so where it runs changes nothing).
+    """
+    workers = min(MAX_BUILD_WORKERS, usable_cpu_count())
+    if n < PARALLEL_BUILD_SAMPLES or workers < 2:
+        if hasattr(view, "__getitems__"):  # a table: rows read a batch at a time
+            for start in range(0, n, TABLE_READ_ROWS):
+                yield from view.__getitems__(list(range(start, min(n, start + TABLE_READ_ROWS))))
+        else:
+            for i in range(n):
+                yield view[i]
+        return
+    loader = DataLoader(
+        view, batch_size=BUILD_CHUNK, num_workers=workers, collate_fn=_as_list, prefetch_factor=4
+    )
+    for chunk in loader:
+        yield from chunk
+
+
+def _as_list(samples: list[Any]) -> list[Any]:
+    return samples
 
 
 def _subclasses(plan: Plan) -> tuple[type, ...]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from . import sources
@@ -165,6 +165,19 @@ def apply_field(prefix: Sequence[Callable[[Any], Any]], sample: Any, field: int 
     out = list(sample)
     out[field] = _apply(prefix, out[field])
     return type(sample)(out)
+
+
+class PrefixView(Dataset[Any]):
+    """``source[i]`` through the prefix: what a build stores (module-level, for worker processes)."""
+
+    def __init__(self, source: Any, prefix: Sequence[Callable[[Any], Any]], field: int | None) -> None:
+        self.source, self.prefix, self.field = source, tuple(prefix), field
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> Any:
+        return apply_field(self.prefix, self.source[index], self.field)
 
 
 def probe_indices(n: int) -> list[int]:

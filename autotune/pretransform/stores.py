@@ -235,7 +235,8 @@ class RaggedColumn:
         return used + sum(t.numel() * t.element_size() for t in (self.offsets, self.shapes))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.flat, self.offsets, self.shapes)
+        """The stored data: the used part of the buffer, the offsets and the shapes."""
+        return (self.flat[: int(self.offsets[-1])], self.offsets, self.shapes)
 
     def clone(self) -> RaggedColumn:
         """A private copy (a control for tests of memory sharing)."""
