@@ -128,11 +128,13 @@ class ProfileStore(Protocol):
     """Human-readable: a folder path, or a database URL with the password masked."""
 
     def get(self, key: str) -> dict[str, Any] | None:
-        """The stored record, or ``None`` when missing, corrupt or of another schema (with a warning)."""
+        """The stored record, passwords masked (:func:`mask_record`), or ``None`` when missing,
+        corrupt or of another schema (with a warning)."""
         ...
 
     def put(self, key: str, record: Mapping[str, Any]) -> bool:
-        """Store ``record`` under ``key`` atomically; ``True`` if written, ``False`` (warned) if not."""
+        """Store ``record`` under ``key`` atomically, passwords masked; ``True`` if written, ``False``
+        (warned) if not."""
         ...
 
     def list(self) -> builtins.list[dict[str, Any]]:
@@ -471,8 +473,11 @@ class DatabaseProfileStore:
         try:
             parsed = make_url(url)
         except Exception as err:  # sqlalchemy.exc.ArgumentError, ValueError
+            shown = mask_url(url)
+            if "://" not in url and "@" in url:  # no URL: a password may stand where mask_url won't look
+                shown = f"{MASK}@{url.rsplit('@', 1)[1]}"
             raise ConfigurationError(
-                f"storage={mask_url(url)!r} is not a database URL; use one such as"
+                f"storage={shown!r} is not a database URL; use one such as"
                 f" 'postgresql://user:password@host/dbname' or 'sqlite:////path/to/profiles.db'."
             ) from err
         self.location = mask_url(parsed.render_as_string(hide_password=True))

@@ -569,10 +569,13 @@ def test_database_store_shows_no_password(monkeypatch: pytest.MonkeyPatch) -> No
         assert "hunter2" not in str(info.value) and "***" in str(info.value)
 
 
-@pytest.mark.parametrize("url", ["not a url", "nosuchdialect://x/y"])
+@pytest.mark.parametrize(
+    "url", ["not a url", "nosuchdialect://x/y", "postgresql//me:hunter2@db/x", "postgresql://me:hunter2@db:x/y"]
+)
 def test_bad_storage_url_is_a_configuration_error(url: str) -> None:
-    with pytest.raises(ConfigurationError, match="database"):
+    with pytest.raises(ConfigurationError, match="database") as info:
         open_store(storage=url)
+    assert "hunter2" not in str(info.value)
 
 
 # --------------------------------------------------------------------------------------------------
