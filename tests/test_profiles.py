@@ -759,6 +759,20 @@ def test_fingerprint_is_cheap_and_handles_iterable_datasets() -> None:
     assert workload_fingerprint(Toy(n=0))["sample"] == {"type": "None"}
 
 
+def test_fingerprint_holds_the_fixed_arguments_as_plain_json() -> None:
+    fixed = {"sizes": {64, 16, 32}, "collate": step_a, "limit": float("inf"), "where": AddOne(),
+             2: ("a", None)}
+    fp = workload_fingerprint(Toy(), fixed=fixed)
+    assert fp["fixed"] == {
+        "2": ["a", None],
+        "collate": f"{__name__}.step_a",
+        "limit": None,  # JSON has no inf
+        "sizes": [16, 32, 64],
+        "where": f"<{__name__}.AddOne object>",  # the repr, its address stripped
+    }
+    json.dumps(fp, allow_nan=False)  # strict JSON: any reader of a stored profile can parse it
+
+
 def test_fingerprint_sees_the_transform_through_a_subset() -> None:
     a = torch.utils.data.Subset(Toy(transform=Scale(2.0)), [0, 1])
     b = torch.utils.data.Subset(Toy(transform=Scale(3.0)), [0, 1])
