@@ -4,9 +4,11 @@
 
     autotune tune [--dataset SPEC] [--batch-size N|auto] [--budget SECONDS] [--json] [--plot FILE] ...
     autotune profiles list | show KEY | clear [KEY | --all]
+    autotune run [--json PATH] [--stop-when-tuned] SCRIPT [ARGS...] | -m MODULE [-- ARGS...]
 
 Exit status: 0 success, 1 tuning failed (or the user's dataset or step raised), 2 usage error (a bad
-flag or value, or a ConfigurationError), 130 interrupted.
+flag or value, or a ConfigurationError), 130 interrupted. ``autotune run`` exits with the script's own
+code (1 when it raised), or 2 when the script or module cannot be found.
 """
 
 from __future__ import annotations
@@ -200,7 +202,53 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argume
     p_clear.add_argument("key", nargs="?", help="the profile to remove")
     p_clear.add_argument("--all", action="store_true", help="remove every stored profile")
     _add_store_flags(p_clear)
-    return parser, {"tune": tune, "profiles": profiles, "list": p_list, "show": p_show, "clear": p_clear}
+    run = _add_run_parser(sub)
+    return parser, {"tune": tune, "profiles": profiles, "list": p_list, "show": p_show, "clear": p_clear,
+                    "run": run}
+
+
+def _add_run_parser(sub: Any) -> argparse.ArgumentParser:
+    """``autotune run``: everything after SCRIPT (or after ``-m MODULE --``) is the script's."""
+    run = sub.add_parser(
+        "run",
+        help="run a training script with its DataLoaders tuned while it trains",
+        usage="autotune run [options] SCRIPT [ARGS...]\n       autotune run [options] -m MODULE [-- ARGS...]",
+        description="Run a Python script (or module) as `python` would, in this process, with"
+        " torch.utils.data.DataLoader standing for autotune's self-tuning DataLoader. Each loader the"
+        " script builds is tuned inside its own epochs; at the end, the best settings found for each"
+        " are printed on stderr with the lines to paste. The script's stdout, exceptions and exit code"
+        " are its own.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.dedent("""\
+            what is tuned and what is kept:
+              num_workers, prefetch_factor, pin_memory and persistent_workers written in the script
+              are starting points: they are measured and searched around (worker threads and a
+              pre-transform cache too). batch_size, shuffle, samplers, collate_fn, drop_last and
+              every other argument are the script's and never change.
+
+            a loader needs a dozen batches to be tuned: one iterated less (an evaluation loader read
+            once) is reported as too short, not guessed. Profiles are stored per machine and workload
+            (in $AUTOTUNE_CACHE_DIR, else the user cache folder), so the next run starts at the best.
+
+            examples:
+              autotune run train.py --epochs 1
+              autotune run --stop-when-tuned --json tuned.json train.py --epochs 90
+              autotune run -m mypkg.train -- --lr 0.1
+            """),
+    )
+    run.add_argument("-m", dest="module", metavar="MODULE",
+                     help="run a module as `python -m MODULE` does; its arguments follow `--`")
+    run.add_argument("--stop-when-tuned", action="store_true",
+                     help="end the script once every DataLoader it iterates has settled (its finally"
+                     " blocks still run; exit code 0)")
+    run.add_argument("--json", metavar="PATH",
+                     help="also write the report as one JSON document to PATH (stdout is the script's)")
+    run.add_argument("--quiet", action="store_true",
+                     help="no line on stderr while the script runs; the report at the end still is")
+    run.add_argument("-v", "--verbose", action="store_true", help="log what the tuning does (stderr)")
+    run.add_argument("script", nargs="?", metavar="SCRIPT", help="the script to run, as for `python`")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
+    return run
 
 
 # --------------------------------------------------------------------------------------------------
@@ -535,6 +583,29 @@ def cmd_profiles_clear(args: argparse.Namespace, parser: argparse.ArgumentParser
         store.close()
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """``autotune run``: the script's own exit code (see NOTE [ autotune run ] in run.py)."""
+    from .run import Target, TargetError, run
+
+    rest = [a for a in [args.script, *args.args] if a is not None]
+    if args.module is not None:
+        if rest[:1] == ["--"]:
+            rest = rest[1:]
+        target_kw: dict[str, Any] = {"module": args.module}
+    else:
+        if not rest:
+            raise UsageError("give the script to run (autotune run train.py), or -m MODULE")
+        target_kw = {"script": rest.pop(0)}
+    if args.json is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise UsageError(f"--json {args.json!r}: its folder does not exist; create it or give another path")
+    try:
+        outcome = run(Target(args=tuple(rest), **target_kw), json_path=args.json,
+                      stop_when_tuned=args.stop_when_tuned, quiet=args.quiet)
+    except TargetError as err:
+        raise UsageError(str(err)) from err
+    return outcome.exit_code
+
+
 # --------------------------------------------------------------------------------------------------
 # Entry point
 
@@ -560,11 +631,12 @@ def _logging(verbose: bool) -> Iterator[None]:
 def _dispatch(
     args: argparse.Namespace, parser: argparse.ArgumentParser, subs: dict[str, argparse.ArgumentParser]
 ) -> int:
-    if args.command == "tune":
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {"tune": cmd_tune, "run": cmd_run}
+    if args.command in commands:
         try:
-            return cmd_tune(args)
+            return commands[args.command](args)
         except UsageError as err:
-            subs["tune"].print_usage(sys.stderr)
+            subs[args.command].print_usage(sys.stderr)
             _err(f"error: {err}")
             return EXIT_USAGE
     if args.command == "profiles":
@@ -578,7 +650,7 @@ def _dispatch(
         _err("error: give an action: list, show KEY or clear [KEY | --all]")
         return EXIT_USAGE
     parser.print_usage(sys.stderr)
-    _err("error: give a command: tune or profiles (autotune --help for more)")
+    _err("error: give a command: tune, run or profiles (autotune --help for more)")
     return EXIT_USAGE
 
 
