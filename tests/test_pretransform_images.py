@@ -7,6 +7,7 @@ real DataLoaders with real worker processes where it matters.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -437,3 +438,36 @@ def test_a_build_reads_in_worker_processes_and_stores_the_same(
     for a, b in zip(serial.dataset.fields, parallel.dataset.fields, strict=True):
         parts = zip(a.tensors(), b.tensors(), strict=True) if isinstance(a, RaggedColumn) else [(a, b)]
         assert all(torch.equal(x, y) for x, y in parts)
+
+
+class CountingOffset:
+    """A deterministic step that counts its own calls (as a logging or profiling step might)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x + 1.0
+
+
+def test_a_step_counting_the_builds_own_calls_does_not_make_the_cache_stale() -> None:
+    ds = Squares(16, T.Compose([T.ToTensor(), CountingOffset()]))
+    prepared = pt.prepare(ds, "ram", device=CPU)
+    assert prepared.detail.startswith("cached: ToTensor, CountingOffset")
+    assert prepared.stale_reason() is None and pt.prepare(ds, "ram", device=CPU) is prepared
+    ds[0]  # the user's own pipeline runs the step once more: its state changed after the build
+    reason = prepared.stale_reason()
+    found = re.fullmatch(r"step 1 \(CountingOffset\) changed \(calls: (\d+) -> (\d+)\)", reason or "")
+    assert found is not None and int(found[2]) == int(found[1]) + 1, reason
+
+
+def test_measure_runs_a_decoded_cache_candidate(tmp_path: Path) -> None:
+    from autotune.measure import MeasureLimits, measure
+    from autotune.space import Candidate
+
+    ds = ImageFolder(str(write_mixed_folder(tmp_path / "images")), transform=T.Compose(
+        [T.RandomResizedCrop(16), T.ToTensor()]))
+    limits = MeasureLimits(window_s=0.05, min_batches=2, max_batches=4)
+    m = measure(ds, Candidate(batch_size=8, num_workers=1, pretransform="ram"), limits=limits)
+    assert m.samples > 0 and m.cache_bytes > 0 and m.build_s > 0

@@ -70,6 +70,7 @@ from .plan import (
     Plan,
     PrefixView,
     apply_field,
+    fingerprint,
     make_plan,
     probe_indices,
     rng_preserved,
@@ -294,6 +295,9 @@ def _build(
     else:
         wrapped, held = _build_device(dataset, plan, device)
     plan.real_bytes = held
+    # What the cache froze is the state the build left: a frozen step that counts its own calls
+    # has counted the build's, and only a change after this point makes the cache stale.
+    plan.fingerprint = fingerprint(dataset, plan)
     expected = plan.estimate().total
     detail = plan.detail
     if is_ragged(plan.layout) or plan.table is not None:
