@@ -59,9 +59,9 @@ EXIT_INTERRUPTED = 130
 JSON_SCHEMA = 1
 """Version of the ``--json`` document; raised when a field changes meaning."""
 
-_HERE = os.path.abspath(__file__)
-_RUNPY = os.path.abspath(runpy.__file__)
-_PACKAGE_DIR = os.path.dirname(_HERE)
+_OWN_FRAMES = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>")
+"""Files whose frames lead into the script: left out of its traceback, as python shows none."""
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 _TUNED_ARGS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
@@ -177,7 +177,7 @@ class _Session(online.Listener):
     def built(self, loader: online.DataLoader) -> None:
         builder, called_from, parent = self._look_up_the_stack(loader)
         record = LoaderRecord(
-            number=sum(not r.replaced for r in self.records) + 1, origin=loader.origin,
+            number=sum(not r.replaced for r in self.records) + 1, origin=_shown_origin(loader.origin),
             called_from=called_from, builder=builder, script_settings=dict(loader.script_settings),
             batch_size=loader.batch_size, epoch_batches=_length(loader),
         )
@@ -185,7 +185,7 @@ class _Session(online.Listener):
             parent.replaced = True
             record.rebuilt_at, record.origin = record.origin, parent.origin
             record.called_from, record.builder = parent.called_from, parent.builder
-            record.script_settings = parent.script_settings
+            record.script_settings, record.batch_size = parent.script_settings, parent.batch_size
             record.number = parent.number
         record.copy_state(loader)
         self.records.append(record)
@@ -197,7 +197,7 @@ class _Session(online.Listener):
         self._by_id[key] = (weakref.ref(loader, forget), record)
         if record.status == "from-profile" and record.tuning is not None:
             self._say(f"the DataLoader at {record.origin} starts at its stored profile"
-                      f" ({record.tuning.candidate.label()})")
+                      f" ({_label(record.tuning.candidate)})")
 
     def settled(self, loader: online.DataLoader) -> None:
         record = self._record(loader)
@@ -207,7 +207,7 @@ class _Session(online.Listener):
         if record.status == "tuned" and record.tuning is not None:
             speed = (f", {record.tuning.throughput_speedup:.2f}x PyTorch's defaults in samples/s"
                      if record.tuning.throughput_speedup else "")
-            self._say(f"the DataLoader at {record.origin} settled on {record.tuning.candidate.label()}"
+            self._say(f"the DataLoader at {record.origin} settled on {_label(record.tuning.candidate)}"
                       f"{speed}")
         self._maybe_stop()
 
@@ -237,9 +237,13 @@ class _Session(online.Listener):
         return out
 
     def close_all(self) -> None:
-        """Copy what each live loader knows, then close it: newest first (thread counts unwind)."""
+        """End each live loader's finished epoch, copy what it knows, then close it: newest first,
+        so the torch thread counts unwind to the script's."""
+        self.stop_when_tuned = False  # the script has ended: nothing is left to stop
         order = {id(record): i for i, record in enumerate(self.records)}
         for loader, record in sorted(self.live_loaders(), key=lambda lr: -order[id(lr[1])]):
+            with contextlib.suppress(Exception):
+                _finish_epoch(loader)
             record.copy_state(loader)
             with contextlib.suppress(Exception):
                 loader.close()
@@ -302,6 +306,11 @@ class _Session(online.Listener):
         return None
 
 
+def _label(c: Any) -> str:
+    """A candidate's label without its batch size, which is the script's and never searched."""
+    return c.label().split(" ", 1)[1] if c.label().startswith("bs=") else c.label()
+
+
 def _length(loader: Any) -> int | None:
     try:
         return len(loader)
@@ -310,20 +319,90 @@ def _length(loader: Any) -> int | None:
 
 
 def _shown_path(path: str) -> str:
+    """``path`` relative to the current folder, an installed package's file from its package
+    (``transformers/trainer.py``), anything else absolute."""
+    path = os.path.abspath(path)
     rel = os.path.relpath(path)
-    return path if rel.startswith("..") else rel
+    if not rel.startswith(".."):
+        return rel
+    parts = Path(path).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            return "/".join(parts[parts.index(marker) + 1:])
+    return path
+
+
+def _shown_origin(origin: str) -> str:
+    """A loader's ``file:line`` with the file as :func:`_shown_path` shows it."""
+    path, sep, line = origin.rpartition(":")
+    return f"{_shown_path(path)}:{line}" if sep and path else origin
+
+
+def _finish_epoch(loader: Any) -> None:
+    """End the loader's last epoch if it handed out all its batches but was never asked for more.
+
+    A trainer that counts batches against ``len(loader)`` (Lightning's fetcher) stops calling
+    ``next()`` after the last one, so the drop-in's epoch never reaches its end: the stretch that
+    served the last batches is not recorded and the loader never settles. Asking once more for a
+    batch lets the epoch end as a ``for`` loop would (held here, the iterator is not collected
+    before that, which would discard the stretch).
+    """
+    held = getattr(loader, "_run_epoch", None)
+    loader._run_epoch = None
+    if held is None or isinstance(loader.dataset, tud.IterableDataset):
+        return
+    it, start = held
+    n = _length(loader)
+    if n is None or loader.served_batches - start < n:
+        return  # the script left the epoch early: it is not ended for it
+    with contextlib.suppress(StopIteration):
+        next(it)
+
+
+class _StandInMeta(type):
+    """The stand-in's metaclass: ``isinstance(x, torch.utils.data.DataLoader)`` keeps meaning any
+    torch DataLoader while the name stands for the stand-in (the check asks torch's class)."""
+
+    original: type = tud.DataLoader
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if cls.__dict__.get("_is_stand_in"):
+            return isinstance(obj, cls.original)
+        return type.__instancecheck__(cls, obj)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        if cls.__dict__.get("_is_stand_in"):
+            return issubclass(sub, cls.original)
+        return type.__subclasscheck__(cls, sub)
 
 
 def _stand_in(session: _Session) -> type[online.DataLoader]:
-    """The class ``torch.utils.data.DataLoader`` stands for while the script runs."""
+    """The class ``torch.utils.data.DataLoader`` stands for while the script runs.
 
-    class DataLoader(online.DataLoader):
+    Only the loaders built by calling it are tuned. A class that subclasses it (the script's own
+    loader class, torchdata's StatefulDataLoader) gets torch's DataLoader as its base instead, since
+    it may replace the iteration the drop-in tunes; ``DataLoader[T]`` is torch's generic alias.
+    """
+    original = tud.DataLoader
+
+    class DataLoader(online.DataLoader, metaclass=_StandInMeta):
         __doc__ = online.DataLoader.__doc__
         explicit_settings_are_fixed = False
+        _is_stand_in = True
+
+        def __class_getitem__(cls, item: Any) -> Any:
+            return original[item]
+
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+            cls.__bases__ = tuple(original if b is DataLoader else b for b in cls.__bases__)
 
         def __iter__(self) -> Any:
             session.iterating(self)
-            return super().__iter__()
+            _finish_epoch(self)
+            it = super().__iter__()
+            self._run_epoch = (it, self.served_batches)
+            return it
 
         def __del__(self) -> None:
             with contextlib.suppress(Exception):
@@ -400,7 +479,8 @@ def _module_file(name: str) -> str:
 
 def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
     """``tb`` without the leading frames of this module and runpy, as python would show it."""
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in (_HERE, _RUNPY):
+    while tb is not None and (tb.tb_frame.f_code.co_filename in _OWN_FRAMES
+                              or os.path.abspath(tb.tb_frame.f_code.co_filename) in _OWN_FRAMES):
         tb = tb.tb_next
     return tb
 
@@ -478,6 +558,7 @@ def _exit_code(code: Any, out: TextIO) -> int:
 def _print_traceback(err: BaseException, out: TextIO) -> None:
     """The script's traceback as python prints it (its ``sys.excepthook``, which may be its own)."""
     tb = _user_traceback(err.__traceback__)
+    err.with_traceback(tb)  # the hook shows the exception's own traceback when it has one
     out.flush()
     if out is sys.stderr:
         sys.excepthook(type(err), err, tb)
@@ -546,8 +627,8 @@ def _loader_section(record: LoaderRecord) -> list[str]:
         where += f" (called from {record.called_from})"
     lines = [where]
     if record.rebuilt_at:
-        lines.append(f"  rebuilt by {record.rebuilt_at.rsplit(':', 1)[0].rsplit(os.sep, 1)[-1]} as"
-                     f" it was handed on; what follows is the rebuilt loader, which served the batches")
+        lines.append(f"  rebuilt at {record.rebuilt_at} when it was handed on; the rebuilt loader served"
+                     " the batches")
     lines.append(f"  the script's settings: {_settings_text(record.script_settings, record.batch_size)}")
     status = record.status
     if status == "not-iterated":
@@ -569,7 +650,7 @@ def _loader_section(record: LoaderRecord) -> list[str]:
     c = result.candidate
     head = {"from-profile": "best (stored profile)", "tuned": "best found", "exploring":
             "best so far (provisional: the script ended while it was still exploring)"}[status]
-    lines.append(f"  {head}: {c.label()}")
+    lines.append(f"  {head}: {_label(c)}")
     if result.throughput_speedup is not None and result.baseline_samples_per_s is not None:
         lines.append(
             f"  speed-up: {result.throughput_speedup:.2f}x PyTorch's defaults in steady-state samples/s"
@@ -661,7 +742,7 @@ def to_dict(outcome: RunOutcome) -> dict[str, Any]:
         if measured and r.tuning is not None:
             own, _ = _own_setting_speedup(r)
             entry.update(
-                best=r.tuning.loader_kwargs, best_label=r.tuning.candidate.label(),
+                best=r.tuning.loader_kwargs, best_label=_label(r.tuning.candidate),
                 loader_class=r.tuning.candidate.loader_class, pretransform=r.tuning.pretransform,
                 torch_threads=r.tuning.torch_threads, plain_kwargs=_plain_kwargs(r.tuning),
                 training_args=r.tuning.training_args(), samples_per_s=r.tuning.samples_per_s,
