@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import statistics
 import time
 import warnings
@@ -41,8 +40,10 @@ from typing import Any
 import optuna
 import torch
 
+from .describe import jsonable
 from .exceptions import CandidateError, ProfileStoreWarning, TrialPruned, TuningFailed
 from .measure import MeasureLimits, Measurement, measure
+from .profiles import mask_url
 from .progress import Progress
 from .space import Candidate, SearchSpace
 
@@ -457,8 +458,10 @@ def _open_study(settings: SearchSettings,
                 storage.engine.dispose()
                 storage = None
             warnings.warn(
-                f"the study could not be kept in {settings.storage_url!r} ({type(err).__name__}:"
-                f" {err}); it is kept in memory, so it will not show in optuna-dashboard.",
+                mask_url(
+                    f"the study could not be kept in {settings.storage_url!r} ({type(err).__name__}:"
+                    f" {err}); it is kept in memory, so it will not show in optuna-dashboard."
+                ),
                 ProfileStoreWarning, stacklevel=5,
             )
     if storage is None:
@@ -476,7 +479,7 @@ def _explore(runner: _Runner, space: SearchSpace, settings: SearchSettings) -> s
     final_reserve = FINAL_FRACTION * settings.budget_s
     sampler = optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=6)
     with _quiet_optuna(), _open_study(settings, sampler) as (study, study_name):
-        study.set_user_attr("space", _jsonable(space.to_dict()))
+        study.set_user_attr("space", jsonable(space.to_dict()))
         starts = warm_starts(space, settings.usable_cpus)
         for c in starts:
             study.enqueue_trial(params_of(c, space), skip_if_exists=True)
@@ -609,13 +612,3 @@ def run_search(dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpa
     best, base = _finals(runner, space, settings)
     speedup = (best.score / base.score) if base and base.score else None
     return SearchOutcome(best, base, speedup, tuple(ledger.records), study_name)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj

@@ -11,8 +11,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 import torch
 
+from autotune.exceptions import ProfileStoreWarning
 from autotune.measure import Measurement
 from autotune.space import Candidate, SearchSpace
 from autotune.study import MAX_FINAL_ROUNDS, MIN_FINAL_ROUNDS, SearchSettings, describe_error, run_search
@@ -86,3 +88,15 @@ def test_an_error_from_a_thread_worker_is_described_by_its_own_last_line() -> No
     err = ValueError("Caught ValueError in DataLoader thread worker 1.\nOriginal Traceback (most recent"
                      " call last):\n  File \"x.py\", line 3, in f\nValueError: sample 5 is corrupt")
     assert describe_error(err) == "ValueError in a worker: ValueError: sample 5 is corrupt"
+
+
+def test_a_study_database_that_cannot_be_opened_is_named_without_its_password() -> None:
+    space = SearchSpace(batch_sizes=(8,), max_workers=1, prefetch_factors=(2,), baseline_batch_size=8)
+    settings = SearchSettings(budget_s=10, epochs=1, dataset_len=None, device=torch.device("cpu"),
+                              usable_cpus=2, storage_url="postgresql://tuner:s3cret@127.0.0.1:1/studies",
+                              study_name="autotune-test")
+    with pytest.warns(ProfileStoreWarning) as rec:
+        outcome = run_search(None, None, space, settings, evaluate=_stand_in({0: [100.0], 1: [200.0]}))
+    text = " ".join(str(w.message) for w in rec)
+    assert "kept in memory" in text and "tuner:***@127.0.0.1" in text and "s3cret" not in text
+    assert outcome.study_name is None and outcome.best.candidate.num_workers == 1

@@ -288,3 +288,29 @@ def test_a_dataset_of_real_cuda_tensors_loads_through_threads_with_pinning(no_th
     assert got == list(range(64))
     pinned = ThreadDataLoader(Indexed(16), batch_size=8, worker_threads=2, pin_memory=True)
     assert all(b[0].is_pinned() for b in pinned)
+
+
+def test_a_pool_stopped_from_one_of_its_own_threads_stops_cleanly(no_thread_left: None) -> None:
+    # The iterator's finaliser runs wherever the garbage collector runs, one of the pool's own threads
+    # included: stopping must not try to join the thread it runs in.
+    from autotune.threads import _Pool
+
+    errors: list[BaseException] = []
+    holder: list[_Pool] = []
+
+    def fetch(index: int) -> int:
+        if index == 1:
+            try:
+                holder[0].stop()
+            except BaseException as err:  # noqa: BLE001 - recorded for the assertion below
+                errors.append(err)
+        return index
+
+    pool = _Pool(fetch, None, threads=3)
+    holder.append(pool)
+    for seq in range(3):
+        pool.tasks.put((seq, seq))
+    deadline = time.monotonic() + 5
+    while pool.alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert errors == [] and not pool.alive()
