@@ -209,26 +209,31 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argume
 
 def _add_run_parser(sub: Any) -> argparse.ArgumentParser:
     """``autotune run``: everything after SCRIPT (or after ``-m MODULE --``) is the script's."""
+    from .loader import MIN_TUNE_BATCHES
+
     run = sub.add_parser(
         "run",
         help="run a training script with its DataLoaders tuned while it trains",
         usage="autotune run [options] SCRIPT [ARGS...]\n       autotune run [options] -m MODULE [-- ARGS...]",
-        description="Run a Python script (or module) as `python` would, in this process, with"
-        " torch.utils.data.DataLoader standing for autotune's self-tuning DataLoader. Each loader the"
-        " script builds is tuned inside its own epochs; at the end, the best settings found for each"
-        " are printed on stderr with the lines to paste. The script's stdout, exceptions and exit code"
-        " are its own.",
+        description=textwrap.dedent("""\
+            Run a Python script (or module) as `python` would, in this process, with
+            torch.utils.data.DataLoader standing for autotune's self-tuning DataLoader: each loader
+            the script builds is tuned inside its own epochs. At the end, the best settings found for
+            each are printed on stderr with the lines to paste. The script's stdout, exceptions and
+            exit code are its own."""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=textwrap.dedent("""\
+        epilog=textwrap.dedent(f"""\
             what is tuned and what is kept:
               num_workers, prefetch_factor, pin_memory and persistent_workers written in the script
               are starting points: they are measured and searched around (worker threads and a
               pre-transform cache too). batch_size, shuffle, samplers, collate_fn, drop_last and
               every other argument are the script's and never change.
 
-            a loader needs a dozen batches to be tuned: one iterated less (an evaluation loader read
-            once) is reported as too short, not guessed. Profiles are stored per machine and workload
-            (in $AUTOTUNE_CACHE_DIR, else the user cache folder), so the next run starts at the best.
+            subclasses of DataLoader (the script's own, torchdata's StatefulDataLoader) are left as
+            they are. A loader needs {MIN_TUNE_BATCHES} batches to be tuned: one iterated less (an
+            evaluation loader read once) is reported as too short, not guessed. Profiles are stored
+            per machine and workload ($AUTOTUNE_CACHE_DIR, else the user cache folder), so the next
+            run starts at the best.
 
             examples:
               autotune run train.py --epochs 1

@@ -37,7 +37,7 @@ import sys
 import time
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TextIO
@@ -49,6 +49,7 @@ import torch.utils.data.dataloader as tud_dataloader
 from . import loader as online
 from .api import TuneResult
 from .report import TEXT_WIDTH
+from .space import Candidate
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -118,7 +119,6 @@ class LoaderRecord:
     served_batches: int = 0
     settled: bool = False
     tuning: TuneResult | None = None
-    closed: bool = False
 
     def copy_state(self, loader: online.DataLoader) -> None:
         self.served_batches = loader.served_batches
@@ -247,7 +247,6 @@ class _Session(online.Listener):
             record.copy_state(loader)
             with contextlib.suppress(Exception):
                 loader.close()
-            record.closed = True
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -580,9 +579,24 @@ def _settings_text(settings: dict[str, Any], batch_size: int | None) -> str:
     return ", ".join(parts)
 
 
+def _plain(result: TuneResult) -> TuneResult:
+    """``result`` as torch's DataLoader (and so a Trainer) can take it: when thread workers or a
+    cache won, the best measured configuration with neither, or PyTorch's defaults."""
+    c = result.candidate
+    if not c.threaded and c.pretransform == "none":
+        return result
+    ok = [t for t in result.trials if t.state == "complete" and t.score is not None
+          and not t.candidate.threaded and t.candidate.pretransform == "none"]
+    best = max(ok, key=lambda t: t.score or 0.0).candidate if ok else Candidate(c.batch_size)
+    rates = [t.measurement.samples_per_s for t in ok if t.candidate == best and t.measurement]
+    return replace(result, loader_kwargs=best.loader_kwargs(), pretransform="none",
+                   torch_threads=best.torch_threads,
+                   samples_per_s=statistics.median(rates) if rates else 0.0)
+
+
 def _plain_kwargs(result: TuneResult) -> dict[str, Any]:
-    """The best settings a plain torch DataLoader can take (see TuneResult.training_args)."""
-    args = result.training_args()
+    """The best settings for torch's DataLoader, as its keyword arguments (see :func:`_plain`)."""
+    args = _plain(result).training_args()
     out = {k.removeprefix("dataloader_"): v for k, v in args.items()}
     if not out["num_workers"]:
         out = {"num_workers": 0, "pin_memory": out["pin_memory"]}
@@ -675,22 +689,21 @@ def _loader_section(record: LoaderRecord) -> list[str]:
 
 def _paste_lines(record: LoaderRecord, result: TuneResult) -> list[str]:
     c = result.candidate
-    plain = _plain_kwargs(result)
+    plain = _plain(result)
+    threads = plain.torch_threads
     if record.builder.startswith("transformers."):
-        args = ", ".join(f"{k}={v!r}" for k, v in result.training_args().items())
+        args = ", ".join(f"{k}={v!r}" for k, v in plain.training_args().items())
         out = ["  the Trainer builds this loader; paste into TrainingArguments(...):", f"      {args}"]
-        if c.threaded or c.pretransform != "none":
-            out.append("  (the best measured without thread workers or a cache, which a Trainer's plain"
-                       " DataLoader cannot use)")
-        return out
-    at = f" at {record.origin}" if record.origin else ""
-    if not c.threaded and c.pretransform == "none":
-        out = [f"  paste into the DataLoader(...){at}, keeping its other arguments:",
-               f"      {_paste(plain)}"]
+        if plain is not result:
+            out.append(f"  (the best measured without thread workers or a cache, which a Trainer's plain"
+                       f" DataLoader cannot use: {plain.samples_per_s:,.0f} samples/s)")
+    elif plain is result:
+        out = [f"  paste into the DataLoader(...) at {record.origin}, keeping its other arguments:",
+               f"      {_paste(_plain_kwargs(result))}"]
     else:
         why = []
         if c.threaded:
-            why.append(f"{c.num_workers} thread workers")
+            why.append(f"{c.num_workers} thread worker{'s' if c.num_workers != 1 else ''}")
         if c.pretransform != "none":
             why.append(f"a {c.pretransform!r} pre-transform cache")
         out = [f"  the best uses {' and '.join(why)}, which torch's DataLoader cannot express;"]
@@ -698,10 +711,14 @@ def _paste_lines(record: LoaderRecord, result: TuneResult) -> list[str]:
             kw = {k: v for k, v in result.loader_kwargs.items() if k not in ("num_workers", "batch_size")}
             out += ["  use autotune's thread loader there (from autotune import ThreadDataLoader):",
                     f"      ThreadDataLoader(dataset, batch_size={record.batch_size!r}, {_paste(kw)})"]
-        out += ["  or `from autotune import DataLoader` with these four settings left out: it starts at",
-                "  this profile; with torch's DataLoader the best measured is:", f"      {_paste(plain)}"]
-    if c.torch_threads is not None:
-        out.append(f"  and torch.set_num_threads({c.torch_threads}) (the main process's threads)")
+            if c.torch_threads is not None:
+                out.append(f"      torch.set_num_threads({c.torch_threads})")
+        out += ["  or `from autotune import DataLoader` there, these four settings left out: it starts",
+                "  at this profile. With torch's DataLoader, the best measured"
+                f" ({plain.samples_per_s:,.0f} samples/s) is:",
+                f"      {_paste(_plain_kwargs(result))}"]
+    if threads is not None:  # the main process's thread count it was measured with
+        out.append(f"      torch.set_num_threads({threads})")
     return out
 
 
@@ -745,7 +762,9 @@ def to_dict(outcome: RunOutcome) -> dict[str, Any]:
                 best=r.tuning.loader_kwargs, best_label=_label(r.tuning.candidate),
                 loader_class=r.tuning.candidate.loader_class, pretransform=r.tuning.pretransform,
                 torch_threads=r.tuning.torch_threads, plain_kwargs=_plain_kwargs(r.tuning),
-                training_args=r.tuning.training_args(), samples_per_s=r.tuning.samples_per_s,
+                plain_torch_threads=_plain(r.tuning).torch_threads,
+                plain_samples_per_s=_plain(r.tuning).samples_per_s,
+                training_args=_plain(r.tuning).training_args(), samples_per_s=r.tuning.samples_per_s,
                 baseline_samples_per_s=r.tuning.baseline_samples_per_s,
                 throughput_speedup=r.tuning.throughput_speedup, speedup=r.tuning.speedup,
                 speedup_over_script=own, profile_key=r.tuning.key, from_cache=r.tuning.from_cache,

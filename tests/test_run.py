@@ -258,6 +258,34 @@ def test_the_exit_code_is_the_script_s_own(tmp_path: Path, body: str, code: int,
     assert stderr_has in done.stderr
 
 
+def test_a_subclass_of_dataloader_in_the_script_stays_torch_s_and_is_not_tuned(tmp_path: Path) -> None:
+    # A subclass may replace the iteration the drop-in tunes (torchdata's StatefulDataLoader does):
+    # it keeps torch's DataLoader as its base, and isinstance and DataLoader[T] work as in torch.
+    script = _write(tmp_path, "sub.py", """\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        class Mine(DataLoader):
+            pass
+
+        class Typed(DataLoader[int]):
+            pass
+
+        data = TensorDataset(torch.arange(8.0))
+        mine, plain = Mine(data, batch_size=4), DataLoader(data, batch_size=4)
+        print(Mine.__bases__[0].__module__, Typed.__mro__[1].__module__)
+        print(isinstance(mine, DataLoader), isinstance(plain, DataLoader), type(plain) is DataLoader)
+        print(sum(len(b[0]) for b in mine), sum(len(b[0]) for b in plain))
+        """)
+    done = autotune_run(tmp_path, str(script))
+    assert done.returncode == 0, done.stderr
+    torch_s = "torch.utils.data.dataloader"
+    assert done.stdout == f"{torch_s} {torch_s}\nTrue True True\n8 8\n"
+    assert f"DataLoader 1, built at sub.py:{_line_of(script, 'mine, plain =')}" in done.stderr
+    assert "DataLoader 2" not in done.stderr  # Mine is not a drop-in
+    assert "iterated too little to tune: 2 batches served" in done.stderr
+
+
 def test_a_script_that_raises_shows_its_own_traceback_and_exits_1(tmp_path: Path) -> None:
     script = _write(tmp_path, "boom.py", """\
         import torch
