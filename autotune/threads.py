@@ -138,6 +138,8 @@ class _Pool:
         self.tasks: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
         self.results: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         self.stopping = threading.Event()
+        self.stopped = False
+        """Set once a ``stop`` has run to its end (one cut short by a signal is run again)."""
         self.threads = [
             threading.Thread(
                 target=_work, name=f"{THREAD_NAME_PREFIX}-{k}", daemon=True,
@@ -153,6 +155,8 @@ class _Pool:
 
     def stop(self) -> list[threading.Thread]:
         """Stop every thread; the ones still inside the dataset after THREAD_JOIN_TIMEOUT_S are left."""
+        if self.stopped:
+            return []
         self.stopping.set()
         for _ in self.threads:
             self.tasks.put(None)
@@ -175,6 +179,7 @@ class _Pool:
                 self.results.get_nowait()
             except queue.Empty:
                 break
+        self.stopped = True
         return left
 
 
@@ -251,11 +256,12 @@ class _ThreadLoaderIter:
         return len(self._index_sampler)
 
     def close(self) -> None:
-        """Stop and join the threads (idempotent)."""
-        self._close()
+        """Stop and join the threads (idempotent; a close cut short by a signal can be run again)."""
+        self._close.detach()
+        self._pool.stop()
 
     def __next__(self) -> Any:
-        if not self._close.alive:
+        if self._pool.stopping.is_set():
             raise StopIteration
         try:
             return self._next_batch()
