@@ -265,20 +265,24 @@ def _release_frames(err: BaseException) -> None:
     traceback.clear_frames(err.__traceback__)
 
 
-def _map_loader_error(err: BaseException) -> CandidateError | None:
-    """Failures that belong to the candidate's worker processes, not to the user's code."""
+def map_loader_error(err: BaseException) -> CandidateError | None:
+    """Failures that belong to the candidate's workers (processes or threads), not to the user's code."""
     text = str(err)
     if isinstance(err, RuntimeError):
         if "DataLoader timed out" in text:
             return TrialTimeout(f"a worker produced no batch in time ({text})")
-        if "DataLoader worker" in text and ("exited unexpectedly" in text or "killed by" in text):
+        if ("DataLoader worker" in text or "DataLoader thread workers" in text) and (
+                "exited unexpectedly" in text or "killed by" in text):
             return WorkerFailed(text.strip().splitlines()[0])
         if "_share_filename_" in text or "only available on CPU" in text:
             return WorkerFailed(
                 "workers cannot share CUDA tensors (_share_filename_: only available on CPU);"
-                " use num_workers=0 for data that lives on the GPU"
+                " use num_workers=0 or thread workers for data that lives on the GPU"
             )
     return None
+
+
+_map_loader_error = map_loader_error  # the name loader.py imported before it was public
 
 
 class _Epochs:
@@ -364,7 +368,7 @@ def measure(
             if watchdog.failure is not None:
                 _release_frames(err)
                 raise watchdog.failure from err
-            mapped = death or _map_loader_error(err)
+            mapped = death or map_loader_error(err)
             if mapped is not None:
                 _release_frames(err)
                 raise mapped from err

@@ -314,3 +314,22 @@ def test_a_pool_stopped_from_one_of_its_own_threads_stops_cleanly(no_thread_left
     while pool.alive() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert errors == [] and not pool.alive()
+
+
+def test_a_dataset_that_exits_in_a_thread_does_not_end_the_callers_program(no_thread_left: None) -> None:
+    class Exits(Indexed):
+        def __getitem__(self, i: int) -> Any:
+            if i == 2:
+                raise SystemExit(3)
+            return super().__getitem__(i)
+
+    with pytest.raises(RuntimeError, match=r"thread worker \d ended with SystemExit"):
+        list(ThreadDataLoader(Exits(), batch_size=2, worker_threads=2))
+
+
+def test_thread_workers_that_vanish_fail_the_candidate() -> None:
+    from autotune.measure import map_loader_error
+
+    mapped = map_loader_error(RuntimeError("DataLoader thread workers exited unexpectedly with batches"
+                                           " still to load"))
+    assert isinstance(mapped, WorkerFailed) and "thread workers exited" in str(mapped)
