@@ -28,10 +28,25 @@
 #    torch thread count, and keep serving it (its workers persist across epochs). The wait fraction
 #    is still watched: well above what was measured (another job took the cores, the page cache went
 #    cold), the next epoch explores again, and the log says why.
-# 6. A candidate that fails (a worker crashes, hangs past the batch time limit, or cannot start) is
+# 6. Under torchrun (a process group initialised, as for tune_loader), see NOTE [ Exploring under
+#    torchrun ] below.
+# 7. A candidate that fails (a worker crashes, hangs past the batch time limit, or cannot start) is
 #    abandoned with its reason and the stretch goes on with PyTorch's defaults; when those fail too,
-#    the error is the user's and is raised. An IterableDataset switches candidate only at epoch
-#    boundaries, one candidate per epoch, since a stream cannot be split by index.
+#    the error is the user's and is raised. A worker's death is raised inside the stretch's own
+#    next(), never in the user's code between batches (_ChildErrors). An IterableDataset switches
+#    candidate only at epoch boundaries, one candidate per epoch, since a stream cannot be split by
+#    index.
+
+# NOTE [ Exploring under torchrun ]
+# Every rank has its own drop-in over its DistributedSampler shard, and their workers share the node's
+# CPUs, so the ranks explore together (as tune_loader tunes cooperatively, NOTE [ Cooperative tuning ]
+# in distributed.py): the worker bound is per rank; rank 0's space and cache estimate are broadcast;
+# stretches have a fixed length in batches and are served whole (no early end, no abandoning), so every
+# rank ends each stretch at the same point of the epoch; there the outcomes are gathered and reduced
+# (the slowest rank decides, a failure on any rank is a failure for all), so every rank's explorer sees
+# the same records and makes the same choices; rank 0 alone writes the profile, and the drift check
+# takes the slowest rank's wait. This assumes, as DDP does, that every rank runs the same loop over
+# the same number of batches per epoch.
 """
 
 from __future__ import annotations
@@ -41,7 +56,9 @@ import inspect
 import logging
 import math
 import os
+import signal
 import statistics
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -55,6 +72,7 @@ from . import pretransform as pt
 from . import profiles
 from .api import DEFAULT_BUDGET_S, DEFAULT_EPOCHS, TuneResult, lookup
 from .describe import dataset_length
+from .distributed import reduce_measurements
 from .exceptions import CandidateError, ConfigurationError, WorkerFailed
 from .measure import Measurement, batch_length, build_loader, process_memory, quiet_worker_warning
 from .measure import _map_loader_error as map_loader_error
@@ -101,6 +119,10 @@ MAX_EXPLORE_EPOCHS = 2
 
 DRIFT_WAIT_RISE = 0.25
 """Re-explore when the settled configuration's wait fraction rises this far above the measured one."""
+
+EXPLORE_BATCH_TIMEOUT_S = 20.0
+"""While exploring, a candidate whose next batch takes longer than this has hung and is dropped
+(``batch_timeout_s`` overrides it; the settled configuration waits as the user's loader would)."""
 
 MIN_TUNE_BATCHES = 2 * STRETCH_MIN_BATCHES
 """A loader that never served this many batches is reported as too short to tune."""
@@ -411,6 +433,69 @@ class _Timeline:
         )
 
 
+class _ChildErrors:
+    """Keeps a dead worker's error for the stretch's own ``next()`` (NOTE [ Online tuning ] 7).
+
+    PyTorch's SIGCHLD handler raises in the main thread, wherever it is, when a worker of a live
+    iterator dies; between batches that is the user's code. While any stretch is being served, the
+    handler is wrapped (once for the process, however many loaders explore): inside a stretch's
+    ``next()`` it raises as PyTorch's would, so the candidate fails where it is caught; anywhere else
+    the error waits until the next ``next()``, which raises it before fetching.
+    """
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.inside = 0
+        self.pending = False
+        self.torch_handler: Any = None
+
+    @contextlib.contextmanager
+    def exploring(self) -> Iterator[None]:
+        if _CHILD_SIGNAL is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        if self.active == 0:
+            from torch.utils.data._utils import signal_handling
+
+            signal_handling._set_SIGCHLD_handler()  # installed once per process by PyTorch
+            handler = signal.getsignal(_CHILD_SIGNAL)
+            if callable(handler) and handler != self.handle:
+                self.torch_handler = handler
+                signal.signal(_CHILD_SIGNAL, self.handle)
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            if self.active == 0 and self.torch_handler is not None:
+                if signal.getsignal(_CHILD_SIGNAL) == self.handle:
+                    signal.signal(_CHILD_SIGNAL, self.torch_handler)
+                self.torch_handler = None
+                self.pending = False
+
+    @contextlib.contextmanager
+    def fetching(self) -> Iterator[None]:
+        self.inside += 1
+        try:
+            # PyTorch's own check (a non-blocking wait on the registered workers): raises for a dead
+            # one, whether or not its signal arrived (signals of children exiting together merge).
+            self.pending = False
+            torch._C._error_if_any_worker_fails()
+            yield
+        finally:
+            self.inside -= 1
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.inside and self.torch_handler is not None:
+            self.torch_handler(signum, frame)
+        else:
+            self.pending = True
+
+
+_CHILD_SIGNAL = getattr(signal, "SIGCHLD", None)
+_CHILD_ERRORS = _ChildErrors()
+
+
 class _Items(tud.Sampler[Any]):
     """A fixed run of the epoch's batches (or indices): what one stretch serves."""
 
@@ -595,6 +680,8 @@ class DataLoader(tud.DataLoader):
         if threads_fixed is not None or leave_threads:
             fixed["torch_threads"] = threads_fixed
         self._fixed = fixed
+        self._explore_timeout_s = (batch_timeout_s if batch_timeout_s is not None
+                                   else EXPLORE_BATCH_TIMEOUT_S)
         # The same checks, exclusions and key as tune_loader (plan.make_plan), raised here, not
         # in the middle of an epoch.
         self._plan: Plan = make_plan(
@@ -611,6 +698,10 @@ class DataLoader(tud.DataLoader):
             self._settle(_configured)
         elif self._store is not None and not retune:
             hit = lookup(self._store, self._plan.key)
+            ctx = self._plan.dist
+            if ctx is not None:  # rank 0's answer, so that every rank explores, or none
+                shared = ctx.broadcast(hit.to_dict() if ctx.leader and hit is not None else None)
+                hit = TuneResult.from_dict(shared, from_cache=True) if shared is not None else None
             if hit is not None:
                 self._result = hit
                 self._settle(hit.candidate)
@@ -729,7 +820,9 @@ class DataLoader(tud.DataLoader):
             if not c.persistent_workers:
                 _shutdown_inner(it)
         wall = time.perf_counter() - started
-        if n >= MIN_TUNE_BATCHES and wall > 0:
+        if self._plan.dist is not None and n >= MIN_TUNE_BATCHES:
+            self._drift_check_together(waits / max(wall, 1e-9), c)
+        elif n >= MIN_TUNE_BATCHES and wall > 0:
             wait = waits / wall
             if self._settled_wait is None:
                 self._settled_wait = wait  # the first whole epoch served settled is the reference
@@ -739,15 +832,31 @@ class DataLoader(tud.DataLoader):
                     f" against {self._settled_wait:.0%} in its first epoch on {c.label()}"
                 )
 
+    def _drift_check_together(self, wait: float, c: Candidate) -> None:
+        """Under torchrun: the reference and the verdict are the slowest rank's, so all agree."""
+        ctx = self._plan.dist
+        assert ctx is not None
+        wait = max(ctx.gather(wait))
+        if self._settled_wait is None:
+            self._settled_wait = wait
+        elif wait > self._settled_wait + DRIFT_WAIT_RISE:
+            self._drift_pending = (
+                f"the loader built at {self._origin} waited {wait:.0%} of this epoch for data on its"
+                f" slowest rank, against {self._settled_wait:.0%} in its first epoch on {c.label()}"
+            )
+
     def _ensure_explorer(self) -> _Explorer:
         if self._explorer is None:
             if self._space is None:
                 self._space, _ = self._plan.search(store=self._store)
+            build_s = (pt.estimate_build_s(self.dataset)
+                       if set(self._space.pretransforms) - {"none"} else None)
+            ctx = self._plan.dist
+            if ctx is not None:  # rank 0's view of the space, so every rank explores the same one
+                self._space, build_s = ctx.broadcast((self._space, build_s) if ctx.leader else None)
             fixed = {k: v for k, v in self._fixed.items() if k != "batch_size"}
             self._explorer = _Explorer(self._space, fixed, self._plan.dataset_len, self._plan.epochs,
-                                       self._plan.machine.usable_cpus)
-            if set(self._space.pretransforms) - {"none"}:
-                self._explorer.build_s = pt.estimate_build_s(self.dataset)
+                                       self._plan.machine.usable_cpus, build_s=build_s)
             if self._start is not None:
                 self._explorer.queue.append(self._explorer.conform(
                     replace(self._space.baseline(), **self._start)))
@@ -755,6 +864,7 @@ class DataLoader(tud.DataLoader):
 
     def _explore_map(self) -> Iterator[Any]:
         explorer = self._ensure_explorer()
+        together = self._plan.dist is not None  # see NOTE [ Exploring under torchrun ]
         items = list(self._index_sampler)
         pos = 0
         share = int(MAX_STRETCH_FRACTION * len(items))
@@ -770,13 +880,33 @@ class DataLoader(tud.DataLoader):
             backlog = c.num_workers * (c.prefetch_factor or 2)
             per_stretch = max(share, WARMUP_BATCHES + 2 * backlog + STRETCH_MIN_BATCHES + 1)
             yield from self._serve_stretch(stretch, items[pos:pos + per_stretch],
-                                           abandon=not explorer.finals_started)
+                                           abandon=not explorer.finals_started, whole=together)
             pos += stretch.served
+            if together:
+                self._agree(stretch)
             explorer.record(stretch)
             if stretch.served == 0 and stretch.failure is None:
                 break  # the inner loader gave nothing: nothing is left to serve
         if self._settled is None and (self._explore_epochs >= MAX_EXPLORE_EPOCHS or explorer.next() is None):
             self._finish_exploring()
+
+    def _agree(self, stretch: _Stretch) -> None:
+        """Every rank ends the stretch with the same outcome (NOTE [ Exploring under torchrun ])."""
+        ctx = self._plan.dist
+        assert ctx is not None
+        m = stretch.measurement
+        mine = (("failed", stretch.failure) if stretch.failure is not None
+                else ("ok", m.to_dict()) if m is not None else ("none", None))
+        outcomes = ctx.gather(mine)
+        failed = [(rank, text) for rank, (kind, text) in enumerate(outcomes) if kind == "failed"]
+        if failed:
+            stretch.failure = f"failed on rank {failed[0][0]}: {failed[0][1]}"
+            stretch.measurement = None
+        elif all(kind == "ok" for kind, _ in outcomes):
+            stretch.measurement = reduce_measurements([Measurement.from_dict(d) for _, d in outcomes])
+        else:
+            stretch.measurement = None
+        stretch.abandoned = False
 
     def _explore_stream(self) -> Iterator[Any]:
         """An IterableDataset: one candidate per epoch (a stream cannot be split by index)."""
@@ -788,6 +918,8 @@ class DataLoader(tud.DataLoader):
             return
         stretch = _Stretch(c)
         yield from self._serve_stretch(stretch, None, abandon=False)
+        if self._plan.dist is not None:
+            self._agree(stretch)
         explorer.record(stretch)
         if stretch.failure is not None and stretch.served == 0:
             # Nothing reached the user yet: the epoch can still be served whole by the defaults.
@@ -802,11 +934,12 @@ class DataLoader(tud.DataLoader):
         yield from self._serve_stretch(stretch, items, measure=False)
 
     def _serve_stretch(self, stretch: _Stretch, items: Sequence[Any] | None, *,
-                       measure: bool = True, abandon: bool = True) -> Iterator[Any]:
+                       measure: bool = True, abandon: bool = True, whole: bool = False) -> Iterator[Any]:
         """Serve ``items`` (``None``: the whole stream) by ``stretch.candidate``; record what it saw.
 
         Over items, it stops once the measurement is complete or the candidate is abandoned (the
-        rest goes to the next stretch); a stream is served to its end whatever the measurement.
+        rest goes to the next stretch), unless ``whole``; a stream is served to its end whatever the
+        measurement.
         A candidate that fails hands the rest to PyTorch's defaults (NOTE [ Online tuning ] 6).
         """
         c = stretch.candidate
@@ -819,9 +952,11 @@ class DataLoader(tud.DataLoader):
             return
         line = _Timeline(backlog=c.num_workers * (c.prefetch_factor or 2) if c.num_workers else 0)
         it: Any = None
+        exploring = _CHILD_ERRORS.exploring()
         t_start = time.perf_counter()
         last_yield = 0.0
         try:
+            exploring.__enter__()
             with quiet_worker_warning():
                 it = iter(loader)
             while True:
@@ -829,7 +964,8 @@ class DataLoader(tud.DataLoader):
                 if measure and last_yield:
                     line.step(t0 - last_yield)
                 try:
-                    batch = next(it)
+                    with _CHILD_ERRORS.fetching():
+                        batch = next(it)
                 except StopIteration:
                     break
                 t1 = time.perf_counter()
@@ -841,7 +977,7 @@ class DataLoader(tud.DataLoader):
                 self._served_batches += 1
                 last_yield = time.perf_counter()
                 yield batch
-                if not measure:
+                if not measure or whole:
                     continue
                 best = self._explorer.best_throughput() if self._explorer is not None else 0.0
                 if abandon and line.clearly_below(ABANDON_RATIO * best):
@@ -863,6 +999,7 @@ class DataLoader(tud.DataLoader):
         finally:
             if it is not None:
                 _shutdown_inner(it)
+            exploring.__exit__(None, None, None)
             if c.num_workers and c.worker_kind == "process":
                 reap_new_children(before)
                 remove_orphan_segments(child_pids() - before)
@@ -912,7 +1049,7 @@ class DataLoader(tud.DataLoader):
     def _stretch_loader(self, c: Candidate, items: Sequence[Any] | None) -> Any:
         # The user's own timeout wins; while exploring, a hung candidate is dropped after the batch
         # time limit, as in the offline search.
-        timeout = self.timeout or (0.0 if c == self._settled else self._plan.batch_timeout_s)
+        timeout = self.timeout or (0.0 if c == self._settled else self._explore_timeout_s)
         return self._build(c, items, timeout_s=timeout)
 
     def _inner_loader(self, c: Candidate) -> Any:
@@ -936,7 +1073,7 @@ class DataLoader(tud.DataLoader):
             self._settle(c)
             return
         self._result = self._make_result(final=True)
-        if self._store is not None:
+        if self._store is not None and (self._plan.dist is None or self._plan.dist.leader):
             self._store.put(self._plan.key, self._result.to_dict())
         self._settle(best.candidate)
         log.info("autotune: the loader at %s settled on %s (%s)", self._origin, best.candidate.label(),

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.space import worker_bound
+from autotune.space import thread_bound, worker_bound
 
 HERE = Path(__file__).parent
 
@@ -54,3 +54,26 @@ def test_a_rank_that_dies_does_not_hang_the_other(when: str, no_leaked_children)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     # Rank 0 gives up with a clear error once the control group's timeout passes.
     assert "TUNING FAILED: rank 0" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def test_two_ranks_explore_together_with_the_drop_in(tmp_path: Path, no_leaked_children) -> None:
+    cmd = [*_torchrun(), "--standalone", "--nproc-per-node=2", str(HERE / "dist_loader_rank.py"),
+           str(tmp_path)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r in ranks:
+        assert all(r["epochs_exact"]), r["epochs_exact"]  # its shard, in its order, once per epoch
+        assert r["settled"] and len(r["trials"]) > 2
+        assert r["children"] == []
+    # The ranks measured each candidate together and made the same choices from the same records.
+    assert [t["candidate"] for t in ranks[0]["trials"]] == [t["candidate"] for t in ranks[1]["trials"]]
+    assert [t["score"] for t in ranks[0]["trials"]] == [t["score"] for t in ranks[1]["trials"]]
+    assert ranks[0]["chosen"] == ranks[1]["chosen"]
+    # The bounds are per rank: the node's usable CPUs shared by the two ranks.
+    cpus = len(os.sched_getaffinity(0))
+    for t in ranks[0]["trials"]:
+        c = t["candidate"]
+        bound = thread_bound(cpus, 2) if c["worker_kind"] == "thread" else worker_bound(cpus, 2)
+        assert c["num_workers"] <= bound, c
