@@ -74,8 +74,14 @@ from .api import DEFAULT_BUDGET_S, DEFAULT_EPOCHS, TuneResult, lookup
 from .describe import dataset_length
 from .distributed import reduce_measurements
 from .exceptions import CandidateError, ConfigurationError, WorkerFailed
-from .measure import Measurement, batch_length, build_loader, process_memory, quiet_worker_warning
-from .measure import _map_loader_error as map_loader_error
+from .measure import (
+    Measurement,
+    batch_length,
+    build_loader,
+    map_loader_error,
+    process_memory,
+    quiet_worker_warning,
+)
 from .plan import Plan, make_plan
 from .space import Candidate, SearchSpace
 from .study import TIE_TOLERANCE, TrialRecord, score

@@ -282,7 +282,6 @@ def map_loader_error(err: BaseException) -> CandidateError | None:
     return None
 
 
-_map_loader_error = map_loader_error  # the name loader.py imported before it was public
 
 
 class _Epochs:

@@ -276,7 +276,7 @@ class _Tiny(torch.nn.Module):
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_a_lightning_trainer_fits_with_the_drop_in(no_leaked_children) -> None:
     lightning = pytest.importorskip("lightning")
-    ds = Remote(384, delay_s=0.001)
+    ds = Remote(1024, delay_s=0.001)
 
     class Module(lightning.LightningModule):
         def __init__(self) -> None:
