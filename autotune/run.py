@@ -713,9 +713,10 @@ def _paste_lines(record: LoaderRecord, result: TuneResult) -> list[str]:
                     f"      ThreadDataLoader(dataset, batch_size={record.batch_size!r}, {_paste(kw)})"]
             if c.torch_threads is not None:
                 out.append(f"      torch.set_num_threads({c.torch_threads})")
-        out += ["  or `from autotune import DataLoader` there, these four settings left out: it starts",
-                "  at this profile. With torch's DataLoader, the best measured"
-                f" ({plain.samples_per_s:,.0f} samples/s) is:",
+        first = "or" if c.threaded and c.pretransform == "none" else "use"
+        out += [f"  {first} `from autotune import DataLoader` there, these four settings left out: it"
+                " starts at this profile.",
+                f"  With torch's DataLoader, the best measured ({plain.samples_per_s:,.0f} samples/s) is:",
                 f"      {_paste(_plain_kwargs(result))}"]
     if threads is not None:  # the main process's thread count it was measured with
         out.append(f"      torch.set_num_threads({threads})")
