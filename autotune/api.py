@@ -248,6 +248,16 @@ def tune_loader(
         return TuneResult.from_dict(payload)
     coordinator = distributed.Coordinator(ctx) if ctx is not None else None
     store = profiles.open_store(cache_dir=cache_dir, storage=storage) if cache else None
+    try:
+        return _tune(plan, store, coordinator, retune=retune, progress=progress)
+    finally:
+        if store is not None:
+            store.close()  # a database's connections go now, not with the garbage collector
+
+
+def _tune(plan: Plan, store: profiles.ProfileStore | None, coordinator: distributed.Coordinator | None,
+          *, retune: bool, progress: bool) -> TuneResult:
+    """The stored profile, or a search whose result is stored."""
     if store is not None and not retune:
         cached = lookup(store, plan.key)
         if cached is not None:
@@ -258,7 +268,7 @@ def tune_loader(
     space, settings = plan.search(store=store)
     bar = Progress(plan.budget_s, enabled=progress)
     try:
-        outcome = run_search(dataset, step, space, settings, progress=bar,
+        outcome = run_search(plan.dataset, plan.step, space, settings, progress=bar,
                              evaluate=coordinator or measure)
     except BaseException as err:
         if coordinator is not None:

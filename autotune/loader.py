@@ -698,12 +698,13 @@ class DataLoader(tud.DataLoader):
             shuffle=bool(shuffle) or sampler is not None, collate_fn=collate_fn, seed=0,
             fixed={k: v for k, v in fixed.items() if k != "num_workers"}, stacklevel=3,
         )
-        self._store = (profiles.open_store(cache_dir=cache_dir, storage=storage)
-                       if cache and _configured is None else None)
+        self._store_args = ({"cache_dir": cache_dir, "storage": storage}
+                            if cache and _configured is None else None)
         if _configured is not None:
             self._settle(_configured)
-        elif self._store is not None and not retune:
-            hit = lookup(self._store, self._plan.key)
+        elif self._store_args is not None and not retune:
+            with self._store() as store:
+                hit = lookup(store, self._plan.key)
             ctx = self._plan.dist
             if ctx is not None:  # rank 0's answer, so that every rank explores, or none
                 shared = ctx.broadcast(hit.to_dict() if ctx.leader and hit is not None else None)
@@ -851,10 +852,20 @@ class DataLoader(tud.DataLoader):
                 f" slowest rank, against {self._settled_wait:.0%} in its first epoch on {c.label()}"
             )
 
+    @contextlib.contextmanager
+    def _store(self) -> Iterator[profiles.ProfileStore]:
+        """The profile store, open only while it is used (a database's connections are let go)."""
+        assert self._store_args is not None
+        store = profiles.open_store(**self._store_args)
+        try:
+            yield store
+        finally:
+            store.close()
+
     def _ensure_explorer(self) -> _Explorer:
         if self._explorer is None:
             if self._space is None:
-                self._space, _ = self._plan.search(store=self._store)
+                self._space, _ = self._plan.search()
             build_s = (pt.estimate_build_s(self.dataset)
                        if set(self._space.pretransforms) - {"none"} else None)
             ctx = self._plan.dist
@@ -1079,8 +1090,9 @@ class DataLoader(tud.DataLoader):
             self._settle(c)
             return
         self._result = self._make_result(final=True)
-        if self._store is not None and (self._plan.dist is None or self._plan.dist.leader):
-            self._store.put(self._plan.key, self._result.to_dict())
+        if self._store_args is not None and (self._plan.dist is None or self._plan.dist.leader):
+            with self._store() as store:
+                store.put(self._plan.key, self._result.to_dict())
         self._settle(best.candidate)
         log.info("autotune: the loader at %s settled on %s (%s)", self._origin, best.candidate.label(),
                  f"{self._result.speedup:.2f}x the defaults" if self._result.speedup else "no baseline")

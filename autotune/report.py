@@ -38,11 +38,12 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("phase", "<"),
     ("batch", ">"),
     ("wrk", ">"),
+    ("ord", "<"),
     ("pin", "<"),
     ("pf", ">"),
     ("pers", "<"),
     ("pretf", "<"),
-    ("thr", ">"),
+    ("tthr", ">"),
     ("samples/s", ">"),
     ("step ms", ">"),
     ("busy%", ">"),
@@ -52,8 +53,9 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 _LEGEND = (
-    "wrk = num_workers, pf = prefetch_factor, pers = persistent_workers, pretf = pretransform,\n"
-    "thr = torch threads, busy/wait = share of the time in the step/waiting for data, * = chosen"
+    "wrk = worker processes (2) or threads (2t), ord = batches in order (-) or as ready (any),\n"
+    "pf = prefetch_factor, pers = persistent_workers, pretf = pretransform, tthr = torch threads,\n"
+    "busy/wait = share of the time in the step/waiting for data, * = chosen"
 )
 
 
@@ -81,7 +83,8 @@ def _trial_row(t: TrialRecord, chosen: bool, note: str) -> list[str]:
         f"{t.number}{'*' if chosen else ''}",
         t.phase,
         str(c.batch_size),
-        str(c.num_workers),
+        f"{c.num_workers}t" if c.threaded else str(c.num_workers),
+        "-" if c.in_order else "any",
         _flag(c.pin_memory),
         _opt(c.prefetch_factor),
         _flag(c.persistent_workers and c.num_workers > 0),
@@ -128,17 +131,20 @@ def trial_table(result: TuneResult) -> str:
 
 
 def loader_code(result: TuneResult, dataset_name: str = "dataset", *, width: int | None = None) -> str:
-    """The ``DataLoader(...)`` statement for the best settings, ready to paste.
+    """The loader statement for the best settings, ready to paste.
 
-    One line, or, when that is longer than ``width``, the arguments wrapped and indented black-style.
+    ``DataLoader(...)`` (torch's) for worker processes or none; ``ThreadDataLoader(...)`` (autotune's)
+    when thread workers won, since a plain DataLoader cannot start them. One line, or, when that is
+    longer than ``width``, the arguments wrapped and indented black-style.
     """
+    cls = "ThreadDataLoader" if result.candidate.threaded else "DataLoader"
     args = [dataset_name, *(f"{k}={v!r}" for k, v in result.loader_kwargs.items())]
-    line = f"loader = DataLoader({', '.join(args)})"
+    line = f"loader = {cls}({', '.join(args)})"
     if width is None or len(line) <= width:
         return line
     body = textwrap.wrap(", ".join(args) + ",", width=width - 4, break_long_words=False,
                          break_on_hyphens=False)
-    return "\n".join(["loader = DataLoader(", *(f"    {ln}" for ln in body), ")"])
+    return "\n".join([f"loader = {cls}(", *(f"    {ln}" for ln in body), ")"])
 
 
 def measurements_of_best(result: TuneResult) -> int:
@@ -174,10 +180,18 @@ def summary(result: TuneResult) -> dict[str, Any]:
 def summary_text(result: TuneResult) -> str:
     """The best settings as code to paste, the speed-up, the spread, the diagnosis, the cache status."""
     lines = ["Best DataLoader settings for this machine and workload:", ""]
+    if result.candidate.threaded:
+        lines.append("    from autotune import ThreadDataLoader")
     lines += [f"    {ln}" for ln in loader_code(result, width=TEXT_WIDTH - 4).splitlines()]
     if result.torch_threads is not None:
         lines.append(f"    torch.set_num_threads({result.torch_threads})")
     lines.append("")
+    if result.candidate.threaded:
+        lines += [*textwrap.wrap(
+            f"Thread workers won: {result.candidate.num_workers} threads in the main process load the"
+            " batches. torch.utils.data.DataLoader cannot start threads; autotune.ThreadDataLoader is a"
+            " DataLoader subclass that does, and result.make_loader(dataset) builds it for you.",
+            width=TEXT_WIDTH), ""]
     if result.pretransform != "none":
         where = "into RAM" if result.pretransform == "ram" else f"onto {result.device}"
         lines += [

@@ -138,7 +138,8 @@ class SearchSettings:
     shuffle: bool = True
     collate_fn: Callable[[Any], Any] | None = None
     usable_cpus: int = 1
-    storage_url: str | None = None
+    storage_url: str | None = field(default=None, repr=False)
+    """The study database's URL, password included: used to connect, never shown or stored."""
     study_name: str | None = None
     refused: dict[str, str] = field(default_factory=dict)
     """Pre-transform strategies refused for this dataset, with the reason (recorded as trials)."""

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import IterableDataset
 
 from autotune import api, plan, tune_loader
 from autotune import pretransform as pt
@@ -35,7 +36,7 @@ from autotune import workloads as wl
 from autotune.exceptions import CandidateError
 from autotune.machine import detect_machine
 from autotune.measure import MeasureLimits, measure
-from autotune.space import Candidate, SearchSpace, build_space
+from autotune.space import Candidate, SearchSpace, build_space, resolve_in_order
 from autotune.study import score
 
 WORKLOAD_NAMES = ("cifar10-like", "imagefolder-jpeg", "latency", "tensor")
@@ -174,6 +175,8 @@ def tuner_space(dataset: Any, *, batch_size: int, device: torch.device, settings
     return build_space(
         machine, batch_size=batch_size, dataset_len=len(dataset), cuda=device.type == "cuda",
         pretransforms=pretransforms, max_workers=settings.max_workers, epochs=EPOCHS, local_world_size=1,
+        thread_workers=not isinstance(dataset, IterableDataset), max_threads=settings.max_workers,
+        in_order_choices=resolve_in_order(None, shuffle=True),
     )
 
 

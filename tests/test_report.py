@@ -71,8 +71,8 @@ def trial_rows(table: str) -> list[str]:
 def test_the_table_has_the_headers_and_a_row_per_trial(tuned: TuneResult) -> None:
     table = tuned.table()
     headers = table.splitlines()[0].split()
-    for name in ("#", "phase", "batch", "wrk", "pin", "pf", "pers", "pretf", "thr", "samples/s", "step",
-                 "busy%", "wait%", "score", "state"):
+    for name in ("#", "phase", "batch", "wrk", "ord", "pin", "pf", "pers", "pretf", "tthr",
+                 "samples/s", "step", "busy%", "wait%", "score", "state"):
         assert name in headers
     rows = trial_rows(table)
     assert len(rows) == len(tuned.trials)
@@ -219,3 +219,19 @@ def test_plot_without_matplotlib_says_how_to_install_it(
     with pytest.raises(ImportError, match=re.escape("pip install 'dataloader-autotune[plot]'")):
         report.plot(handmade(), tmp_path / "nothing.png")
     assert not (tmp_path / "nothing.png").exists()
+
+
+def test_thread_workers_are_pasted_as_the_loader_that_can_start_them() -> None:
+    # A plain torch DataLoader cannot start thread workers: the code to paste names autotune's.
+    result = TuneResult(loader_kwargs={"batch_size": 64, "num_workers": 0, "worker_threads": 2,
+                                       "prefetch_per_thread": 2, "pin_memory": False})
+    assert result.candidate.threaded
+    code = report.loader_code(result)
+    assert code.startswith("loader = ThreadDataLoader(dataset, batch_size=64,")
+    text = report.summary_text(result)
+    assert "from autotune import ThreadDataLoader" in text
+    assert "cannot start threads" in text
+    plain = TuneResult(loader_kwargs={"batch_size": 64, "num_workers": 2, "pin_memory": False,
+                                      "prefetch_factor": 2, "persistent_workers": True})
+    assert report.loader_code(plain).startswith("loader = DataLoader(dataset, batch_size=64, num_workers=2")
+    assert "ThreadDataLoader" not in report.summary_text(plain)
