@@ -21,9 +21,10 @@
 #    abandoned after a few batches.
 # 4. The exploration starts from an estimate rather than from blind sampling: the first stretch runs
 #    PyTorch's defaults (no workers), which gives the per-batch load time L (the wait) and step time S;
-#    keeping the step busy takes about ceil(L / S) workers, so that is tried first (processes, then
-#    threads), then its neighbours, the cache, and the thread counts around the best so far, at most
-#    MAX_CANDIDATES in all. The same estimate warm-starts the offline search (study.estimate_workers).
+#    keeping the step busy takes about ceil(L / S) workers (study.estimate_workers, which warm-starts
+#    the offline search too), so that is tried first with processes and with threads, with its
+#    neighbours; then a cache where it can still pay for its build, and the torch thread counts around
+#    the best so far, at most MAX_CANDIDATES in all; then the finalists once more.
 # 5. Settle on the best score (within TIE_TOLERANCE, fewer workers), store the profile, apply its
 #    torch thread count, and keep serving it (its workers persist across epochs). The wait fraction
 #    is still watched: well above what was measured (another job took the cores, the page cache went
@@ -54,7 +55,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import math
 import os
 import signal
 import statistics
@@ -84,7 +84,7 @@ from .measure import (
 )
 from .plan import Plan, make_plan
 from .space import Candidate, SearchSpace
-from .study import TIE_TOLERANCE, TrialRecord, score
+from .study import TIE_TOLERANCE, TrialRecord, estimate_workers, score
 from .supervise import child_pids, reap_new_children, remove_orphan_segments
 
 log = logging.getLogger("autotune")
@@ -296,14 +296,11 @@ class _Explorer:
     def from_estimate(self, m: Measurement) -> list[Candidate]:
         """Candidates around the worker count that would keep the step busy (NOTE 4)."""
         base = self.baseline()
-        load = m.wait_ms
-        step = max(m.step_ms, 1e-3)
-        bound = self.space.max_workers
         out: list[Candidate] = []
-        kinds = [k for k, n in (("process", bound), ("thread", self.space.max_threads)) if n > 0]
-        for kind in kinds:
-            n = bound if kind == "process" else self.space.max_threads
-            want = max(1, min(n, math.ceil(load / step)))
+        for kind, n in (("process", self.space.max_workers), ("thread", self.space.max_threads)):
+            if n <= 0:
+                continue
+            want = estimate_workers(m, n)
             for w in (want, want + 1, want - 1):
                 if 1 <= w <= n:
                     out.append(self.conform(replace(base, num_workers=w, worker_kind=kind,

@@ -3,11 +3,13 @@
 # NOTE [ Search ]
 # 1. PyTorch's defaults (the baseline) are measured first, so every later figure has a reference from
 #    the same run. Strategies the pre-transform module refused are recorded as infeasible trials.
-# 2. An Optuna study (TPE, seeded) proposes candidates, warm-started with points that span the worker
-#    range: the cores-based rule of thumb, one worker per core, and the worker bound. Each candidate is
-#    measured for real; a failing candidate becomes a failed trial with its reason and the search goes
-#    on. A candidate whose running throughput falls below PRUNE_RATIO of the best so far is pruned.
-#    An out-of-memory error at a batch size makes that batch size and larger ones infeasible.
+# 2. An Optuna study (TPE, seeded) proposes candidates, warm-started first with the workers that would
+#    keep the step busy as estimated from the baseline (load time over step time, estimate_workers;
+#    the drop-in DataLoader starts its exploration from the same estimate), then with points that span
+#    the worker range: the cores-based rule of thumb, one worker per core, and the worker bound. Each
+#    candidate is measured for real; a failing candidate becomes a failed trial with its reason and the
+#    search goes on. A candidate whose running throughput falls below PRUNE_RATIO of the best so far
+#    is pruned. An out-of-memory error at a batch size makes that batch size and larger ones infeasible.
 #    The search stops early once PATIENCE candidates in a row after the warm starts brought no better
 #    score: the budget is a ceiling, not a target.
 # 3. At most FINAL_FRACTION of the budget re-measures the finalists (the best few, plus the baseline)
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import statistics
 import time
 import warnings
@@ -261,14 +264,32 @@ def suggest(trial: optuna.Trial, space: SearchSpace) -> Candidate:
                      **space.workers(kind, workers, prefetch, in_order))
 
 
-def warm_starts(space: SearchSpace, usable_cpus: int) -> list[Candidate]:
-    """Points that span the worker range, so the sampler starts from informed corners."""
+def estimate_workers(baseline: Measurement, bound: int) -> int:
+    """Workers that would keep the step busy, from a measurement without workers (NOTE [ Search ] 2).
+
+    Without workers a batch costs its load time L (the wait) plus the step S, one after the other;
+    with workers loading overlaps the step, and about ceil(L / S) of them are needed so that a batch
+    is always ready. Bounded by ``bound``; at least one.
+    """
+    step = max(baseline.step_ms, 1e-3)
+    return max(1, min(bound, math.ceil(baseline.wait_ms / step)))
+
+
+def warm_starts(space: SearchSpace, usable_cpus: int,
+                baseline: Measurement | None = None) -> list[Candidate]:
+    """Points that span the worker range, so the sampler starts from informed corners; with the
+    baseline's measurement, the estimated worker count of each kind first (:func:`estimate_workers`)."""
     heuristic = space.heuristic(usable_cpus)
 
     def with_workers(base: Candidate, kind: str, count: int) -> Candidate:
         return replace(base, **space.workers(kind, count, 2 if count else None))
 
-    points = [heuristic]
+    points = []
+    if baseline is not None:
+        for kind, bound in (("process", space.max_workers), ("thread", space.max_threads)):
+            if bound > 0:
+                points.append(with_workers(heuristic, kind, estimate_workers(baseline, bound)))
+    points.append(heuristic)
     for workers in (min(usable_cpus, space.max_workers), space.max_workers):
         if workers > 0:
             points.append(with_workers(heuristic, "process", workers))
@@ -474,14 +495,15 @@ def _open_study(settings: SearchSettings,
         storage.engine.dispose()
 
 
-def _explore(runner: _Runner, space: SearchSpace, settings: SearchSettings) -> str | None:
+def _explore(runner: _Runner, space: SearchSpace, settings: SearchSettings,
+             baseline: Measurement | None = None) -> str | None:
     """Phase 2 of NOTE [ Search ]: the ask-and-tell loop; returns the stored study's name, if any."""
     ledger = runner.ledger
     final_reserve = FINAL_FRACTION * settings.budget_s
     sampler = optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=6)
     with _quiet_optuna(), _open_study(settings, sampler) as (study, study_name):
         study.set_user_attr("space", jsonable(space.to_dict()))
-        starts = warm_starts(space, settings.usable_cpus)
+        starts = warm_starts(space, settings.usable_cpus, baseline)
         for c in starts:
             study.enqueue_trial(params_of(c, space), skip_if_exists=True)
         idle = 0
@@ -603,11 +625,11 @@ def run_search(dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpa
     ledger = _Ledger(settings, progress or Progress(0, enabled=False))
     runner = _Runner(dataset, step, space, settings, ledger, evaluate)
     baseline = space.baseline()
-    runner.run(baseline, "baseline")
+    measured = runner.run(baseline, "baseline").measurement
     for strategy, why in settings.refused.items():
         ledger.record(replace(baseline, pretransform=strategy), "search", "infeasible",
                       reason=f"pretransform={strategy!r}: {why}")
-    study_name = _explore(runner, space, settings)
+    study_name = _explore(runner, space, settings, measured)
     if not ledger.by_candidate:
         raise ledger.failure()
     best, base = _finals(runner, space, settings)

@@ -100,3 +100,17 @@ def test_a_study_database_that_cannot_be_opened_is_named_without_its_password() 
     text = " ".join(str(w.message) for w in rec)
     assert "kept in memory" in text and "tuner:***@127.0.0.1" in text and "s3cret" not in text
     assert outcome.study_name is None and outcome.best.candidate.num_workers == 1
+
+
+def test_the_search_starts_from_the_estimated_worker_count() -> None:
+    # Loading takes 30 ms a batch without workers and the step 10 ms: three workers keep the step busy.
+    from autotune.study import estimate_workers, warm_starts
+
+    baseline = Measurement(samples_per_s=800.0, busy=0.25, wait_fraction=0.75, step_ms=10.0, wait_ms=30.0,
+                           startup_s=0.0, batches=20, samples=640, window_s=0.8, peak_memory_bytes=0)
+    assert estimate_workers(baseline, 8) == 3
+    assert estimate_workers(baseline, 2) == 2  # never past the bound
+    space = SearchSpace(batch_sizes=(32,), max_workers=8, max_threads=8)
+    starts = warm_starts(space, 2, baseline)
+    assert [(c.num_workers, c.worker_kind) for c in starts[:2]] == [(3, "process"), (3, "thread")]
+    assert all(space.check(c) is None for c in starts)
