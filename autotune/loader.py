@@ -1058,6 +1058,7 @@ class DataLoader(tud.DataLoader):
             batch_timeout_s=timeout_s, prepared=prepared, **self._loader_args(c, items),
         )
         loader._autotune_build_s = prepared.build_s if prepared.strategy != "none" else 0.0
+        loader._autotune_prepared = prepared
         return loader
 
     def _stretch_loader(self, c: Candidate, items: Sequence[Any] | None) -> Any:
@@ -1067,8 +1068,16 @@ class DataLoader(tud.DataLoader):
         return self._build(c, items, timeout_s=timeout)
 
     def _inner_loader(self, c: Candidate) -> Any:
-        """The settled candidate's loader over the loader's own sampler, kept across epochs."""
+        """The settled candidate's loader over the loader's own sampler, kept across epochs.
+
+        At every epoch its cache is checked against what it froze (NOTE [ Fresh caches ] in the
+        pre-transform package): after a change the loader is built again, and ``prepare`` warns,
+        naming the change, and rebuilds the cache, so an epoch never trains on stale samples.
+        """
         held = self._held
+        prepared = getattr(held.inner, "_autotune_prepared", None)
+        if prepared is not None and prepared.stale_reason() is not None:
+            held.drop_inner()
         if held.inner is None or held.inner_for != c:
             held.drop_inner()
             held.inner = self._build(c, None, timeout_s=self.timeout)

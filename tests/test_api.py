@@ -40,7 +40,8 @@ class FailsWithManyWorkers(Remote):
 
 
 def test_tuning_finds_workers_for_a_latency_bound_dataset(no_leaked_children) -> None:
-    result = tune_loader(Remote(), batch_size=32, budget_s=BUDGET, **QUICK)
+    # Room for the finals after the warm starts even on a busy machine (the phases are asserted).
+    result = tune_loader(Remote(), batch_size=32, budget_s=2 * BUDGET, **QUICK)
     assert isinstance(result, TuneResult)
     assert result.loader_kwargs["batch_size"] == 32
     # A sleeping worker uses no CPU: one worker alone doubles nothing, several overlap their waits.

@@ -320,3 +320,35 @@ def test_a_lightning_trainer_fits_with_the_drop_in(no_leaked_children) -> None:
     assert sorted(_epoch(again, step_s=0.0)) == sorted(int(i) for i in sampler)
     again.close()
     trainer.train_dataloader.close()
+
+
+class Squares(Dataset):
+    """40x40 grey PIL images whose value is the index; a transform the training loop may change."""
+
+    def __init__(self, n: int, transform: Any) -> None:
+        self.n, self.transform = n, transform
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        from PIL import Image
+
+        img = Image.new("RGB", (40, 40), (i % 256, 0, 0))
+        return (self.transform(img) if self.transform is not None else img), i
+
+
+def test_progressive_resizing_between_epochs_is_not_served_from_a_stale_cache() -> None:
+    import torchvision.transforms as T
+
+    from autotune import StaleCacheWarning
+    from autotune.space import Candidate
+
+    ds = Squares(64, T.Compose([T.Resize(16), T.ToTensor()]))
+    loader = DataLoader.configured(ds, Candidate(batch_size=8, pretransform="ram"), shuffle=True)
+    assert {tuple(x.shape[-2:]) for x, _ in loader} == {(16, 16)}
+    ds.transform.transforms[0].size = 24  # a fastai-style recipe grows the images between epochs
+    with pytest.warns(StaleCacheWarning, match="Resize"):
+        sizes = {tuple(x.shape[-2:]) for x, _ in loader}
+    assert sizes == {(24, 24)}  # what the dataset itself now gives, not the 16-pixel cache
+    loader.close()
