@@ -220,8 +220,11 @@ def test_stop_when_tuned_ends_the_script_once_its_loader_settled_and_its_finally
 def test_ctrl_c_reports_what_was_measured_and_leaves_nothing(tmp_path: Path, nothing_left: None) -> None:
     _write(tmp_path, "data.py", DATASET)
     script = _write(tmp_path, "train.py", TRAIN)
+    # As in a terminal: a test runner started in the background ignores SIGINT, and its children
+    # would inherit that (Python then installs no KeyboardInterrupt handler).
     proc = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(script), "200"], cwd=tmp_path,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
