@@ -1,6 +1,6 @@
 """Decoded-image caches on photo folders and a Hugging Face table, measured side by side.
 
-    python benchmarks/images.py [--files 2000] [--budget 25] [--rounds 3]
+    python benchmarks/images.py [--files 2000] [--budget 60] [--rounds 4]
 
 Writes ``benchmarks/IMAGES.md`` and ``benchmarks/images.json``.
 
@@ -11,10 +11,10 @@ Writes ``benchmarks/IMAGES.md`` and ``benchmarks/images.json``.
 #   crop-48: ImageFolder, the same cropping to 48 px (decoding dominates);
 #   table-48: the same files as a Hugging Face table with an Image column and set_transform(crop-48).
 # Per workload, in one process:
-# 1. Tune twice, as a user would (``tune_loader``, no profile cache): without the decoded cache
-#    (pretransform="none") and with every strategy ("auto").
-# 2. Rounds: PyTorch's defaults, the untuned-but-sensible uncached loaders (1-3 persistent workers),
-#    the tuned result without the cache, the tuned result, and the cached loaders with 0-3 workers
+# 1. Tune as the README does (``tune_loader`` with its default budget and every strategy, no profile
+#    cache), timed.
+# 2. Rounds: PyTorch's defaults, the uncached loaders with 1-2 persistent workers (on two CPUs, the
+#    best there is without the cache), the tuned result, and the cached loaders with 0-2 workers
 #    are measured again, interleaved, the order rotated each round. Figures are medians over the
 #    rounds; the spread is (max - min) / median. "best without" is the best median among the
 #    uncached ones; the oracle is the best median among every configuration measured.
@@ -41,11 +41,12 @@ from typing import Any
 
 import torch
 import torchvision
+from torch.utils.data import default_collate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autotune import DEFAULT_BUDGET_S, tune_loader  # noqa: E402
 from autotune import pretransform as pt  # noqa: E402
-from autotune import tune_loader  # noqa: E402
 from autotune import workloads as wl  # noqa: E402
 from autotune.exceptions import CandidateError  # noqa: E402
 from autotune.measure import MeasureLimits, measure  # noqa: E402
@@ -58,8 +59,8 @@ EPOCHS = 10
 BATCH_SIZE = 64
 """The batch size of the image workloads in autotune/workloads.py."""
 
-LIMITS = MeasureLimits(window_s=1.5, min_batches=5)
-"""A window long enough for a few dozen batches of photos on two shared cores."""
+LIMITS = MeasureLimits(window_s=1.0, min_batches=5)
+"""A window of a dozen or more batches of photos on two shared cores; rounds, not windows, beat noise."""
 
 TARGETS = {
     "cache_over_best_without": 1.3,
@@ -105,17 +106,16 @@ def workloads(root: Path) -> dict[str, tuple[Any, Callable[[Any], Any]]]:
     return out
 
 
-def configurations(tuned_none: Candidate, tuned: Candidate) -> dict[str, Candidate]:
+def configurations(tuned: Candidate) -> dict[str, Candidate]:
     plain = Candidate(batch_size=BATCH_SIZE)
     configs = {"defaults": plain}
-    for workers in (1, 2, 3):
+    for workers in (1, 2):
         configs[f"none, {workers} workers"] = replace(
             plain, num_workers=workers, persistent_workers=True, prefetch_factor=2
         )
-    configs["tuned without cache"] = tuned_none
     configs["tuned"] = tuned
     configs["ram, 0 workers"] = replace(plain, pretransform="ram")
-    for workers in (1, 2, 3):
+    for workers in (1, 2):
         configs[f"ram, {workers} workers"] = replace(
             plain, num_workers=workers, persistent_workers=True, prefetch_factor=2, pretransform="ram"
         )
@@ -125,17 +125,17 @@ def configurations(tuned_none: Candidate, tuned: Candidate) -> dict[str, Candida
 def run_workload(
     name: str, dataset: Any, step: Callable[[Any], Any], budget: float, rounds: int
 ) -> dict[str, Any]:
-    print(f"[{name}] tuning without the cache ({budget:g} s) ...", flush=True)
+    print(f"[{name}] tuning ({budget:g} s) ...", flush=True)
     t0 = time.perf_counter()
-    none = tune_loader(dataset, step, batch_size=BATCH_SIZE, budget_s=budget, cache=False,
-                       pretransform="none", progress=False)
-    print(f"[{name}] tuning with every strategy ({budget:g} s) ...", flush=True)
     pt.clear_builds()  # the tuner pays its own build
     tuned = tune_loader(dataset, step, batch_size=BATCH_SIZE, budget_s=budget, cache=False, progress=False)
     tuning_s = time.perf_counter() - t0
+    ram_trials = [t for t in tuned.trials if t.candidate.pretransform == "ram"]
+    ram_states = {state: sum(t.state == state for t in ram_trials) for state in {t.state for t in ram_trials}}
+    ram_reasons = sorted({t.reason for t in ram_trials if t.reason})
     loader = tuned.make_loader(dataset, shuffle=True)  # README usage: what the user trains with
     del loader
-    configs = configurations(none.candidate, tuned.candidate)
+    configs = configurations(tuned.candidate)
     prepared = pt.prepare(dataset, "ram", device=torch.device("cpu"))
     scores: dict[str, list[float]] = {k: [] for k in configs}
     rates: dict[str, list[float]] = {k: [] for k in configs}
@@ -167,33 +167,84 @@ def run_workload(
             "samples_per_s_median": statistics.median(rates[key]),
             "rounds": len(scores[key]),
         }
+    costs = cpu_costs(dataset, prepared.dataset, step, rounds)
     return {
         "name": name,
         "samples": len(dataset),
+        "cpu_ms_per_sample": costs,
         "tuning_s": tuning_s,
         "tuned_pretransform": tuned.pretransform,
         "tuned_kwargs": tuned.loader_kwargs,
-        "tuned_none_kwargs": none.loader_kwargs,
+        "ram_trials": ram_states,
+        "ram_reasons": ram_reasons,
+        "load_average": os.getloadavg(),
         "cache_bytes": prepared.nbytes,
         "cache_build_s": prepared.build_s,
         "cache_detail": prepared.detail,
         "rows": rows,
-        "ratios": ratios(rows),
+        "ratios": ratios(rows, tuned.pretransform),
     }
+
+
+CPU_SAMPLES = 256
+"""Samples read per CPU-cost figure (a few hundred ms of CPU: well above the clock's resolution)."""
+
+
+def cpu_costs(dataset: Any, cached: Any, step: Callable[[Any], Any], rounds: int) -> dict[str, float]:
+    """CPU milliseconds per sample: reading it from the dataset, from the cache, and the step's share.
+
+    Process CPU time, not wall time: it barely depends on what else runs on the machine, which the
+    wall-clock figures above do (see the spreads). Interleaved rounds, medians.
+    """
+    n = min(CPU_SAMPLES, len(dataset))
+    times: dict[str, list[float]] = {"original": [], "cached": []}
+    with torch.random.fork_rng(devices=[]):
+        for _ in range(rounds):
+            for key, data in (("original", dataset), ("cached", cached)):
+                torch.manual_seed(0)
+                t0 = time.process_time()
+                for i in range(n):
+                    data[i]
+                times[key].append((time.process_time() - t0) / n * 1e3)
+        batch = default_collate([dataset[i] for i in range(BATCH_SIZE)])
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # idle intra-op threads spin, and process time would count that
+        try:
+            step(batch)  # warm
+            steps = []
+            for _ in range(3 * rounds):
+                t0 = time.process_time()
+                step(batch)
+                steps.append((time.process_time() - t0) / BATCH_SIZE * 1e3)
+        finally:
+            torch.set_num_threads(threads)
+    out = {key: statistics.median(v) for key, v in times.items()}
+    out["step"] = statistics.median(steps)
+    out["data_ratio"] = out["original"] / out["cached"]
+    # A CPU-bound loader on an idle machine: every sample costs its read plus its step share,
+    # whichever process runs it, so throughput is inversely proportional to their sum.
+    out["predicted_ratio"] = (out["original"] + out["step"]) / (out["cached"] + out["step"])
+    return out
 
 
 def _med(rows: dict[str, Any], key: str) -> float | None:
     return rows.get(key, {}).get("score_median")
 
 
-def ratios(rows: dict[str, Any]) -> dict[str, float | None]:
-    without = [v for k, r in rows.items() if not k.startswith(("ram", "tuned")) or k == "tuned without cache"
+def ratios(rows: dict[str, Any], tuned_pretransform: str) -> dict[str, float | None]:
+    # The tuned loader counts as one without the cache when the tuner chose none.
+    cached_keys = ("ram", "tuned") if tuned_pretransform != "none" else ("ram",)
+    without = [v for k, r in rows.items() if not k.startswith(cached_keys)
                if (v := r.get("score_median")) is not None]
     every = [v for r in rows.values() if (v := r.get("score_median")) is not None]
     tuned, defaults = _med(rows, "tuned"), _med(rows, "defaults")
     best_without = max(without) if without else None
     oracle = max(every) if every else None
+    cached = [v for k, r in rows.items() if k.startswith("ram") if (v := r.get("score_median")) is not None]
+    best_cached = max(cached) if cached else None
     return {
+        "best_cached_over_best_without": best_cached / best_without if best_cached and best_without else None,
+        "best_cached_over_defaults": best_cached / defaults if best_cached and defaults else None,
         "tuned_over_defaults": tuned / defaults if tuned and defaults else None,
         "tuned_over_best_without": tuned / best_without if tuned and best_without else None,
         "tuned_over_oracle": tuned / oracle if tuned and oracle else None,
@@ -234,9 +285,11 @@ def write_report(results: list[dict[str, Any]], args: argparse.Namespace, total_
             f"## {res['name']} ({res['samples']} photos)",
             "",
             f"Cache: {res['cache_detail']}; {res['cache_bytes'] / 2**20:.0f} MiB, built in"
-            f" {res['cache_build_s']:.1f} s. Tuned ({res['tuning_s']:.0f} s for both tunings):"
-            f" pretransform={res['tuned_pretransform']!r}, {res['tuned_kwargs']}; without the cache:"
-            f" {res['tuned_none_kwargs']}.",
+            f" {res['cache_build_s']:.1f} s. Tuned in {res['tuning_s']:.0f} s:"
+            f" pretransform={res['tuned_pretransform']!r}, {res['tuned_kwargs']}."
+            f" The tuner's ram trials: {res['ram_trials'] or 'none'}"
+            + (f" ({'; '.join(res['ram_reasons'])})" if res["ram_reasons"] else "")
+            + f". Load average after: {', '.join(f'{v:.1f}' for v in res['load_average'])}.",
             "",
             "| configuration | score (samples/s) | spread | steady samples/s |",
             "|---|---:|---:|---:|",
@@ -253,9 +306,18 @@ def write_report(results: list[dict[str, Any]], args: argparse.Namespace, total_
             "",
             f"Tuned / defaults {fmt['tuned_over_defaults']}, tuned / best without the cache"
             f" {fmt['tuned_over_best_without']}, tuned / oracle {fmt['tuned_over_oracle']}, best"
-            f" without / defaults {fmt['best_without_over_defaults']}.",
+            f" without / defaults {fmt['best_without_over_defaults']}. The cache itself, best cached"
+            f" loader / best uncached: {fmt['best_cached_over_best_without']}; / defaults:"
+            f" {fmt['best_cached_over_defaults']}.",
             "",
             *[f"- {v}" for v in verdicts(res)],
+            "",
+            f"CPU per sample (process time, medians): reading {res['cpu_ms_per_sample']['original']:.2f} ms"
+            f" from the dataset, {res['cpu_ms_per_sample']['cached']:.2f} ms from the cache"
+            f" ({res['cpu_ms_per_sample']['data_ratio']:.2f}x less), the step's share"
+            f" {res['cpu_ms_per_sample']['step']:.2f} ms: on an idle CPU-bound machine the cache would"
+            f" give ~{res['cpu_ms_per_sample']['predicted_ratio']:.2f}x the best uncached loader's"
+            " throughput (a prediction from these costs, not a measurement).",
             "",
         ]
     (HERE / "IMAGES.md").write_text("\n".join(lines) + "\n")
@@ -264,8 +326,8 @@ def write_report(results: list[dict[str, Any]], args: argparse.Namespace, total_
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=2000, help="photos in the folder")
-    parser.add_argument("--budget", type=float, default=25.0, help="tuning budget per tuning, seconds")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of measurement")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="tuning budget, seconds")
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds of measurement")
     parser.add_argument("--only", nargs="*", default=None, help="workload names to run")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
 import pytest
 import torch
@@ -265,7 +264,8 @@ def test_the_device_strategy_refuses_images_of_their_own_sizes(tmp_path: Path) -
 # ------------------------------------------------------------------------------ Hugging Face tables
 
 
-def hf_table(tmp_path: Path, n: int = 40) -> datasets.Dataset:
+def hf_table(tmp_path: Path, n: int = 40) -> Any:
+    pytest.importorskip("datasets", reason="the Hugging Face path needs the datasets package")
     return photo_table(write_photo_folder(tmp_path / "photos", n=n, classes=4, min_size=40, max_size=90))
 
 
@@ -306,6 +306,7 @@ def test_the_users_table_transform_still_runs_per_access(tmp_path: Path) -> None
 
 
 def test_a_table_without_image_columns_is_refused(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets", reason="the Hugging Face path needs the datasets package")
     table = datasets.Dataset.from_dict({"x": [1, 2, 3]})
     table.set_transform(lambda b: b)
     reason = pt.strategies(table, cuda=False)["ram"]
