@@ -279,6 +279,12 @@ def write_report(results: list[dict[str, Any]], args: argparse.Namespace, total_
         f"{EPOCHS}-epoch run (build and start-up included), medians over the rounds; spread = (max - min)",
         "/ median. No GPU here: the `device` strategy and the decoded cache on CUDA are untested on a GPU.",
         "",
+        "Reading the wall-clock figures: on a machine others load (the load average is given per",
+        "workload), a spread above ~30 % means the medians rank configurations no better than chance,",
+        "and a loader with more processes or threads takes a larger share of the CPUs from the other",
+        "users, which looks like a speed-up it would not give on a machine of its own. The CPU cost per",
+        "sample (process time) is the figure that survives such load.",
+        "",
     ]
     for res in results:
         lines += [
