@@ -88,13 +88,12 @@ class TuneResult:
         """The tuned settings as Hugging Face ``transformers.TrainingArguments`` keywords.
 
         ``TrainingArguments(output_dir=..., **result.training_args())``. The Trainer builds a plain
-        DataLoader, which cannot start thread workers: when threads won, these are the best
-        measured configuration with worker processes (or none) instead. The Trainer has no place
-        for a pre-transform cache or the main process's thread count (set that one with
-        ``torch.set_num_threads``).
+        DataLoader, which can start neither thread workers nor a pre-transform cache: when either
+        won, these are the best measured configuration without them. The main process's thread
+        count has no place there either (set it with ``torch.set_num_threads``).
         """
         c = self.candidate
-        if c.threaded:
+        if c.threaded or c.pretransform != "none":  # neither is the Trainer's to build
             plain = [t for t in self.trials
                      if t.state == "complete" and t.score is not None and not t.candidate.threaded
                      and t.candidate.pretransform == "none"]

@@ -147,7 +147,8 @@ class Listener:
         """``loader`` was just constructed."""
 
     def settled(self, loader: DataLoader) -> None:
-        """``loader`` finished exploring (or found its profile) and serves its best configuration."""
+        """``loader`` finished exploring, or found its profile: then inside its constructor, before
+        :meth:`built`; it serves its best configuration from now on."""
 
 
 _listeners: list[Listener] = []
@@ -414,8 +415,8 @@ class _Timeline:
     def measurement(self, last_yield: float, loader: Any) -> Measurement | None:
         """Over the later half of the measured batches: the earlier half may still drain a backlog."""
         n = self.measured()
-        if n < ABANDON_AFTER:
-            return None
+        if n < max(STRETCH_MIN_BATCHES, self.backlog):
+            return None  # too few: the batches made ready during start-up would flatter the rate
         k = self.warmup + n // 2  # the window runs from batch k's arrival to the last hand-out
         wall = max(last_yield - self.received[k], 1e-9)
         samples = sum(self.counts[k + 1:])
@@ -518,24 +519,54 @@ class _EpochIterator:
     def __init__(self, loader: DataLoader, gen: Iterator[Any]) -> None:
         self._loader = loader
         self._gen = gen
+        self._handed = 0
+        self._done = False
 
     def __iter__(self) -> _EpochIterator:
         return self
 
     def __next__(self) -> Any:
-        return next(self._gen)
+        try:
+            item = next(self._gen)
+        except StopIteration:
+            self._done = True
+            raise
+        self._handed += 1
+        return item
 
     def __len__(self) -> int:
         return len(self._loader)
 
+    def finish(self) -> None:
+        """End an epoch whose every batch was handed out but whose end was never asked for.
+
+        Trainers stop at ``len(loader)`` batches (Lightning does) instead of running the iterator
+        to StopIteration, so the bookkeeping after the last batch (the last stretch's measurement,
+        the settling, the drift check) would never run. Here it does; anything else is closed.
+        """
+        if self._done:
+            return
+        try:
+            complete = self._handed >= len(self._loader)
+        except TypeError:  # a stream without a length
+            complete = False
+        if complete:
+            try:
+                next(self._gen)
+            except StopIteration:
+                self._done = True
+                return
+        self.close()
+
     def close(self) -> None:
+        self._done = True
         close = getattr(self._gen, "close", None)
         if close is not None:
             close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
-            self.close()
+            self.finish()
 
 
 def _origin() -> str:
@@ -546,7 +577,8 @@ def _origin() -> str:
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
         if not path.startswith((here, torch_dir)) and "<frozen" not in path:
-            return f"{os.path.relpath(path) if not path.startswith('..') else path}:{frame.f_lineno}"
+            rel = os.path.relpath(path)
+            return f"{rel if not rel.startswith('..') else path}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
 
@@ -668,6 +700,7 @@ class DataLoader(tud.DataLoader):
         self._origin = _origin()
         self._closed = False
         self._held = _Held()
+        self._current: weakref.ref[_EpochIterator] | None = None
         self._epoch = 0
         self._served_batches = 0
         self._explore_epochs = 0
@@ -678,8 +711,6 @@ class DataLoader(tud.DataLoader):
         self._start = start
         self._space: SearchSpace | None = None
         self._explorer: _Explorer | None = None
-        if in_order is False:
-            fixed["in_order"] = False
         if threads_fixed is not None or leave_threads:
             fixed["torch_threads"] = threads_fixed
         self._fixed = fixed
@@ -766,8 +797,15 @@ class DataLoader(tud.DataLoader):
 
     def close(self) -> None:
         """Shut the workers down and put back the torch thread count this loader changed."""
+        self._finish_epoch()
         self._closed = True
         self._held.release()
+
+    def _finish_epoch(self) -> None:
+        current = self._current() if self._current is not None else None
+        self._current = None
+        if current is not None:
+            current.finish()
 
     def __enter__(self) -> DataLoader:
         return self
@@ -778,8 +816,11 @@ class DataLoader(tud.DataLoader):
     def __iter__(self) -> _EpochIterator:  # type: ignore[override]
         if self._closed:
             self._closed = False  # a closed loader can be iterated again, like torch's
+        self._finish_epoch()
         self._epoch += 1
-        return _EpochIterator(self, self._serve_epoch())
+        epoch = _EpochIterator(self, self._serve_epoch())
+        self._current = weakref.ref(epoch)
+        return epoch
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -1052,6 +1093,10 @@ class DataLoader(tud.DataLoader):
         return kw
 
     def _build(self, c: Candidate, items: Sequence[Any] | None, *, timeout_s: float) -> Any:
+        if c.num_workers:
+            # A stretch hands out its batches in order, so that what it did not hand out is known;
+            # the settled loader delivers as the candidate and the caller's in_order say.
+            c = replace(c, in_order=items is not None or (c.in_order and self.in_order))
         prepared = pt.prepare(self.dataset, c.pretransform, device=self._plan.device)
         loader = build_loader(
             self.dataset, c, device=self._plan.device, shuffle=False, collate_fn=self.collate_fn,

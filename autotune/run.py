@@ -243,7 +243,7 @@ class _Session(online.Listener):
         order = {id(record): i for i, record in enumerate(self.records)}
         for loader, record in sorted(self.live_loaders(), key=lambda lr: -order[id(lr[1])]):
             with contextlib.suppress(Exception):
-                _finish_epoch(loader)
+                loader._finish_epoch()  # a trainer that stopped at len(loader) never ended it
             record.copy_state(loader)
             with contextlib.suppress(Exception):
                 loader.close()
@@ -337,27 +337,6 @@ def _shown_origin(origin: str) -> str:
     return f"{_shown_path(path)}:{line}" if sep and path else origin
 
 
-def _finish_epoch(loader: Any) -> None:
-    """End the loader's last epoch if it handed out all its batches but was never asked for more.
-
-    A trainer that counts batches against ``len(loader)`` (Lightning's fetcher) stops calling
-    ``next()`` after the last one, so the drop-in's epoch never reaches its end: the stretch that
-    served the last batches is not recorded and the loader never settles. Asking once more for a
-    batch lets the epoch end as a ``for`` loop would (held here, the iterator is not collected
-    before that, which would discard the stretch).
-    """
-    held = getattr(loader, "_run_epoch", None)
-    loader._run_epoch = None
-    if held is None or isinstance(loader.dataset, tud.IterableDataset):
-        return
-    it, start = held
-    n = _length(loader)
-    if n is None or loader.served_batches - start < n:
-        return  # the script left the epoch early: it is not ended for it
-    with contextlib.suppress(StopIteration):
-        next(it)
-
-
 class _StandInMeta(type):
     """The stand-in's metaclass: ``isinstance(x, torch.utils.data.DataLoader)`` keeps meaning any
     torch DataLoader while the name stands for the stand-in (the check asks torch's class)."""
@@ -398,10 +377,7 @@ def _stand_in(session: _Session) -> type[online.DataLoader]:
 
         def __iter__(self) -> Any:
             session.iterating(self)
-            _finish_epoch(self)
-            it = super().__iter__()
-            self._run_epoch = (it, self.served_batches)
-            return it
+            return super().__iter__()
 
         def __del__(self) -> None:
             with contextlib.suppress(Exception):

@@ -108,6 +108,16 @@ def test_every_sample_once_per_epoch_while_exploring_and_settled(epochs: int, no
         assert result.speedup is not None and result.speedup > 1.0
 
 
+def test_the_order_is_the_sampler_s_while_exploring(no_leaked_children) -> None:
+    # Stretches hand out their batches in order (out-of-order delivery only once settled), so the
+    # epoch comes exactly as a plain DataLoader with the same sampler would give it.
+    ds = Remote(1024)
+    with DataLoader(ds, batch_size=16, shuffle=False, cache=False, in_order=False) as loader:
+        assert _epoch(loader) == list(range(len(ds)))
+        # Served by more than one configuration, worker processes or threads among them.
+        assert any(t.candidate.num_workers > 0 for t in loader.tuning.trials)
+
+
 def test_a_distributed_sampler_keeps_its_shard_and_its_epochs() -> None:
     ds = Remote(512, delay_s=0.0005)
     sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=3)
@@ -175,7 +185,8 @@ def test_a_worker_crash_while_exploring_loses_and_repeats_nothing(no_leaked_chil
     ds = CrashesInWorkers(1024)
     with DataLoader(ds, batch_size=16, shuffle=False, cache=False, pretransform="none") as loader:
         for _ in range(2):
-            assert Counter(_epoch(loader)) == Counter(range(len(ds)))
+            # In the sampler's order, each sample once, across the crash and the stretch after it.
+            assert _epoch(loader) == list(range(len(ds)))
         failed = [t for t in loader.tuning.trials if t.state == "failed"]
         assert failed, [t.state for t in loader.tuning.trials]
         assert all(t.candidate.num_workers > 0 and t.candidate.worker_kind == "process" for t in failed)
@@ -352,3 +363,15 @@ def test_progressive_resizing_between_epochs_is_not_served_from_a_stale_cache() 
         sizes = {tuple(x.shape[-2:]) for x, _ in loader}
     assert sizes == {(24, 24)}  # what the dataset itself now gives, not the 16-pixel cache
     loader.close()
+
+
+def test_out_of_order_delivery_is_used_once_settled_and_never_while_exploring() -> None:
+    ds = Remote(512)
+    with DataLoader(ds, batch_size=16, shuffle=True, in_order=False, cache=False,
+                    pretransform="none") as loader:
+        for _ in range(3):
+            assert Counter(_epoch(loader)) == Counter(range(512))
+        assert all(t.candidate.in_order for t in loader.tuning.trials)  # explored in order
+        settled = loader._held.inner  # the settled configuration's own loader
+        assert settled is not None and (settled.in_order is False or loader.num_workers == 0
+                                        and not loader.tuning.candidate.threaded)
