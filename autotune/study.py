@@ -290,17 +290,8 @@ def warm_starts(space: SearchSpace, usable_cpus: int,
             if bound > 0:
                 points.append(with_workers(heuristic, kind, estimate_workers(baseline, bound)))
     points.append(heuristic)
-    for workers in (min(usable_cpus, space.max_workers), space.max_workers):
-        if workers > 0:
-            points.append(with_workers(heuristic, "process", workers))
-    if space.max_threads > 0:
-        # One background thread already hides loading behind the step where loading is light.
-        for threads in sorted({1, min(usable_cpus, space.max_threads)}):
-            points.append(with_workers(heuristic, "thread", threads))
-    if False in space.in_order_choices:
-        ordered = next((p for p in points if p.num_workers > 0), None)
-        if ordered is not None:
-            points.append(replace(ordered, in_order=False))
+    # A cache next: it is the largest win where it applies, and a short budget may end before the
+    # points that span the worker range.
     for strategy in ("ram", "device"):
         if strategy not in space.pretransforms:
             continue
@@ -312,6 +303,17 @@ def warm_starts(space: SearchSpace, usable_cpus: int,
             points.append(with_workers(cached, "process", workers))
         if space.max_threads > 0:
             points.append(with_workers(cached, "thread", 1))
+    for workers in (min(usable_cpus, space.max_workers), space.max_workers):
+        if workers > 0:
+            points.append(with_workers(heuristic, "process", workers))
+    if space.max_threads > 0:
+        # One background thread already hides loading behind the step where loading is light.
+        for threads in sorted({1, min(usable_cpus, space.max_threads)}):
+            points.append(with_workers(heuristic, "thread", threads))
+    if False in space.in_order_choices:
+        ordered = next((p for p in points if p.num_workers > 0), None)
+        if ordered is not None:
+            points.append(replace(ordered, in_order=False))
     unique: list[Candidate] = []
     for p in points:
         if p not in unique and space.check(p) is None:
