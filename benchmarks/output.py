@@ -179,6 +179,13 @@ def write_markdown(data: dict[str, Any], path: Path) -> Path:
         f" tuner's objective: throughput over {meta['epochs']} epochs with start-up and cache builds"
         " included. See NOTE [ Benchmark protocol ] in `benchmarks/suite.py`.",
         "",
+        "More focused benchmarks, each measured side by side in its own run and written beside this"
+        " file: whole training runs with the drop-in `autotune.DataLoader` (`TRAINING.md`,"
+        " `benchmarks/training.py`), the decoded-image cache on photo folders and a Hugging Face table"
+        " (`IMAGES.md`, `benchmarks/images.py`), thread workers and out-of-order delivery against worker"
+        " processes (`PARALLELISM.md`, `benchmarks/parallelism.py`), and `autotune run` on an unmodified"
+        " script (`RUN.md`, `benchmarks/run_seed.py`).",
+        "",
         "## Headline",
         "",
         *headline_table(results),
