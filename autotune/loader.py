@@ -200,7 +200,6 @@ class _Explorer:
     fixed: dict[str, Any]
     dataset_len: int | None
     epochs: int
-    usable_cpus: int
     records: list[TrialRecord] = field(default_factory=list)
     queue: list[Candidate] = field(default_factory=list)
     tried: set[Candidate] = field(default_factory=set)
@@ -211,8 +210,6 @@ class _Explorer:
     finals: list[Candidate] = field(default_factory=list)
     build_s: float | None = None
     """The estimated build time of a cache (None: unknown)."""
-    skipped: dict[str, str] = field(default_factory=dict)
-    """Cache strategies not tried, with the reason."""
 
     def allowed(self, c: Candidate) -> bool:
         if c in self.tried or self.space.check(c) is not None:
@@ -338,10 +335,13 @@ class _Explorer:
             if strategy not in self.space.pretransforms:
                 continue
             if self.build_s is not None and self.build_s > to_win:
-                self.skipped[strategy] = (
-                    f"its build (~{self.build_s:.1f} s) would cost more than waiting for data costs"
-                    f" the best configuration over {self.epochs} epochs (~{to_win:.1f} s)"
-                )
+                # Not tried, and the table says why.
+                skipped = self.conform(replace(self.baseline(), pretransform=strategy))
+                self.records.append(TrialRecord(
+                    len(self.records), "online", skipped, "infeasible", reason=(
+                        f"pretransform={strategy!r}: its build (~{self.build_s:.1f} s) would cost more"
+                        f" than waiting for data costs the best configuration over {self.epochs}"
+                        f" epochs (~{to_win:.1f} s)")))
                 continue
             base = self.conform(replace(self.baseline(), pretransform=strategy))
             out.append(base)
@@ -710,10 +710,8 @@ class DataLoader(tud.DataLoader):
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         self._origin = _origin()
-        self._closed = False
         self._held = _Held()
         self._current: weakref.ref[_EpochIterator] | None = None
-        self._epoch = 0
         self._served_batches = 0
         self._explore_epochs = 0
         self._drift_pending: str | None = None
@@ -810,7 +808,6 @@ class DataLoader(tud.DataLoader):
     def close(self) -> None:
         """Shut the workers down and put back the torch thread count this loader changed."""
         self._finish_epoch()
-        self._closed = True
         self._held.release()
 
     def _finish_epoch(self) -> None:
@@ -826,10 +823,7 @@ class DataLoader(tud.DataLoader):
         self.close()
 
     def __iter__(self) -> _EpochIterator:  # type: ignore[override]
-        if self._closed:
-            self._closed = False  # a closed loader can be iterated again, like torch's
-        self._finish_epoch()
-        self._epoch += 1
+        self._finish_epoch()  # a closed loader can be iterated again, like torch's
         epoch = _EpochIterator(self, self._serve_epoch())
         self._current = weakref.ref(epoch)
         return epoch
@@ -923,7 +917,7 @@ class DataLoader(tud.DataLoader):
                 self._space, build_s = ctx.broadcast((self._space, build_s) if ctx.leader else None)
             fixed = {k: v for k, v in self._fixed.items() if k != "batch_size"}
             self._explorer = _Explorer(self._space, fixed, self._plan.dataset_len, self._plan.epochs,
-                                       self._plan.machine.usable_cpus, build_s=build_s)
+                                       build_s=build_s)
             if self._start is not None:
                 self._explorer.queue.append(self._explorer.conform(
                     replace(self._space.baseline(), **self._start)))
