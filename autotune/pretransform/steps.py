@@ -101,8 +101,8 @@ class _PadFill:
     def __call__(self, img: torch.Tensor) -> torch.Tensor:
         left, top, right, bottom = self.ltrb
         *lead, h, w = img.shape
-        out = torch.empty((*lead, h + top + bottom, w + left + right), dtype=img.dtype)
-        out.copy_(self.fill.to(img.dtype).view(-1, 1, 1).expand_as(out))
+        out = torch.empty((*lead, h + top + bottom, w + left + right), dtype=img.dtype, device=img.device)
+        out.copy_(self.fill.to(img.device, img.dtype).view(-1, 1, 1).expand_as(out))
         out[..., top : top + h, left : left + w] = img
         return out.as_subclass(type(img))
 

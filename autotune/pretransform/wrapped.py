@@ -100,22 +100,25 @@ class _CachedCropFlipBatches(_CachedSamples):
             tops.append(y)
             lefts.append(x)
             flips.append(self.flip is not None and bool(torch.rand(1) < self.flip.p))
-        index = torch.as_tensor(indices, dtype=torch.long)
+        # Every index tensor lives where the cache does (the ``device`` strategy keeps it on the GPU).
+        dev = data.device
+        index = torch.as_tensor(indices, dtype=torch.long, device=dev)
         images = data.index_select(0, index)
         if self.fill is not None:  # the padded images, filled with the mapped fill
-            padded = torch.empty((len(indices), c, hp, wp), dtype=data.dtype)
-            padded.copy_(self.fill.to(data.dtype).view(1, c, 1, 1).expand_as(padded))
+            padded = torch.empty((len(indices), c, hp, wp), dtype=data.dtype, device=dev)
+            padded.copy_(self.fill.to(dev, data.dtype).view(1, c, 1, 1).expand_as(padded))
             padded[:, :, top : top + h, left : left + w] = images
             images = padded
         # One gather: per-sample rows and columns of the crop window, columns reversed when flipped.
-        rows = torch.tensor(tops).view(-1, 1) + torch.arange(th)
-        step = 1 - 2 * torch.tensor(flips, dtype=torch.long).view(-1, 1)
-        cols = torch.tensor(lefts).view(-1, 1) + (tw - 1) * (step < 0) + step * torch.arange(tw)
-        batch_i = torch.arange(len(indices)).view(-1, 1, 1, 1)
+        rows = torch.tensor(tops, device=dev).view(-1, 1) + torch.arange(th, device=dev)
+        step = 1 - 2 * torch.tensor(flips, dtype=torch.long, device=dev).view(-1, 1)
+        cols = (torch.tensor(lefts, device=dev).view(-1, 1) + (tw - 1) * (step < 0)
+                + step * torch.arange(tw, device=dev))
+        batch_i = torch.arange(len(indices), device=dev).view(-1, 1, 1, 1)
         out = _empty_batch(data, (len(indices), c, th, tw))
         torch.index_select(images.flatten(), 0, (
-            ((batch_i * c + torch.arange(c).view(1, -1, 1, 1)) * hp + rows.view(-1, 1, th, 1)) * wp
-            + cols.view(-1, 1, 1, tw)
+            ((batch_i * c + torch.arange(c, device=dev).view(1, -1, 1, 1)) * hp + rows.view(-1, 1, th, 1))
+            * wp + cols.view(-1, 1, 1, tw)
         ).flatten(), out=out.view(-1))
         batch = [out if j == k else _gather(f, index) for j, f in enumerate(self.fields)]
         return batch if self.is_seq is not None else batch[0]
