@@ -184,7 +184,7 @@ def write_markdown(data: dict[str, Any], path: Path) -> Path:
         " `benchmarks/training.py`), the decoded-image cache on photo folders and a Hugging Face table"
         " (`IMAGES.md`, `benchmarks/images.py`), thread workers and out-of-order delivery against worker"
         " processes (`PARALLELISM.md`, `benchmarks/parallelism.py`), and `autotune run` on an unmodified"
-        " script (`RUN.md`, `benchmarks/run_seed.py`).",
+        " script (`RUN.md`, `benchmarks/run_seed.py`); this suite on a GPU (`GPU.md`, figures in `gpu/`).",
         "",
         "## Headline",
         "",
