@@ -1,10 +1,16 @@
-"""What this machine is: the facts the search space and the profile key are built from."""
+"""What this machine is: the facts the search space and the profile key are built from.
+
+Inside a container the box is not the budget: see the NOTE [ Container limits ] below for how the
+limits this process really runs under (CPU quota, memory limit, ``/dev/shm``) are read.
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import os
 import platform
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -14,13 +20,77 @@ import torch
 RAM_ROUND_BYTES = 1 << 30
 """RAM enters the fingerprint rounded to whole GiB, so a few MiB of firmware reserve never splits a key."""
 
+MIB = 1 << 20
+
+SHM_DIR = "/dev/shm"
+"""Where POSIX shared memory lives on Linux, for both of torch's sharing strategies (see the NOTE)."""
+
+UNLIMITED_BYTES = 1 << 60
+"""A cgroup v1 memory limit this large means none: the kernel writes "no limit" as ~2**63 bytes."""
+
+# NOTE [ Container limits ]
+# A container shows the host's cores and RAM; what this process may use is less, and the search must
+# be bounded by that, not by the box:
+# - CPUs: the affinity mask (which covers cpusets, ``taskset`` and Kubernetes' static CPU manager)
+#   and the CFS quota, cgroup v2 ``cpu.max`` ("50000 100000" = 0.5 CPU, "max ..." = none) or v1
+#   ``cpu.cfs_quota_us / cpu.cfs_period_us`` (-1 = none). Usable CPUs = min(mask, ceil(quota)); the
+#   fractional quota is kept beside it. A quota throttles, it does not pin: 4 workers under a quota of
+#   1.5 all run, and all wait.
+# - Memory: v2 ``memory.max`` (and ``memory.high``, past which the kernel throttles and reclaims), v1
+#   ``memory.limit_in_bytes``. What is left = limit - (usage - inactive file cache), the working set
+#   as Kubernetes counts it, since cold page cache is reclaimed before the OOM killer runs.
+# - Every ancestor's limit binds too, so the process's own cgroup and each parent up to the root of
+#   the mounted hierarchy are read: the quota and limit are the smallest found, the headroom the
+#   smallest left at any level. The cgroup is found from /proc/self/cgroup and the mount of its
+#   hierarchy from /proc/self/mountinfo, whose root field says which part of the hierarchy a
+#   container sees (a container's own cgroup is mounted as the root of its /sys/fs/cgroup).
+# - Shared memory: torch's ``file_descriptor`` strategy (the default) and ``file_system`` strategy
+#   both create segments with glibc's ``shm_open``, that is as files ``/dev/shm/torch_<pid>_...``:
+#   the first unlinks the name at once (the pages still count against /dev/shm while mapped), the
+#   second keeps it until torch_shm_manager removes it. Either way a DataLoader's worker batches and a
+#   shared cache are bounded by the free space of /dev/shm, 64 MiB under Docker's default. Its free
+#   space changes by the moment: callers read it again (:func:`shm_free_bytes`) before they use it.
+# Reading never fails: a missing file is no limit (a cgroup root has no ``cpu.max``), an unreadable
+# file or a value that does not parse is also taken as no limit, and the reason is kept in ``notes``.
+
+
+@dataclass(frozen=True)
+class CgroupLimits:
+    """The CPU and memory limits of this process's cgroups, as read from the cgroup filesystem.
+
+    ``kind`` is the cgroup version the cpu and memory controllers are on: ``"v1"``, ``"v2"``,
+    ``"mixed"`` (one on each) or ``"none"`` (no cgroups: not Linux, or nothing mounted).
+    ``cpu_quota`` is in CPUs (1.5 = one and a half), ``None`` without a quota.
+    ``memory_headroom_bytes`` is the least left under any limit right now, ``None`` without a limit.
+    ``notes`` say which files could not be read or parsed (each was taken as no limit).
+    """
+
+    kind: str = "none"
+    cpu_quota: float | None = None
+    memory_limit_bytes: int | None = None
+    memory_headroom_bytes: int | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SharedMemory:
+    """Size and free space of the shared-memory filesystem at ``path``, read at one moment."""
+
+    path: str
+    total_bytes: int
+    free_bytes: int
+
 
 @dataclass(frozen=True)
 class MachineInfo:
     """This machine, as far as DataLoader tuning cares.
 
-    ``usable_cpus`` is what this *process* may run on (its affinity mask), not the number of cores in
-    the box: containers and ``taskset`` restrict it, and it is the budget workers compete for.
+    ``usable_cpus`` is what this *process* may run on: its affinity mask, bounded by the cgroup CPU
+    quota rounded up (``cpu_quota`` keeps the fraction). Containers and ``taskset`` restrict it, and
+    it is the budget workers compete for. ``memory_limit_bytes`` is the cgroup memory limit where it
+    is below the machine's RAM; :attr:`memory_available_bytes` is what a cache may take now. The
+    ``shm_*`` fields describe ``/dev/shm`` (``None`` where there is none), ``cgroup`` which cgroup
+    version the limits came from, and ``limit_notes`` what could not be read (taken as no limit).
     """
 
     usable_cpus: int
@@ -37,21 +107,40 @@ class MachineInfo:
     torchvision_version: str | None
     python_version: str
     os: str
+    cgroup: str = "none"
+    cpu_quota: float | None = None
+    memory_limit_bytes: int | None = None
+    memory_headroom_bytes: int | None = None
+    shm_total_bytes: int | None = None
+    shm_free_bytes: int | None = None
+    limit_notes: tuple[str, ...] = ()
 
     @property
     def has_cuda(self) -> bool:
         return self.accelerator == "cuda"
 
+    @property
+    def memory_available_bytes(self) -> int:
+        """RAM this process may still take: free RAM, or less where a cgroup limit leaves less."""
+        if self.memory_headroom_bytes is None:
+            return self.ram_available_bytes
+        return min(self.ram_available_bytes, self.memory_headroom_bytes)
+
     def fingerprint(self) -> dict[str, Any]:
         """The stable facts that decide which configuration is fastest (no momentary readings).
 
-        The machine half of a profile key (:func:`autotune.fingerprint.profile_key`).
+        The machine half of a profile key (:func:`autotune.fingerprint.profile_key`). A CPU quota, a
+        memory limit or a /dev/shm of another size make another machine; free amounts do not.
         """
+        limit = self.memory_limit_bytes
         return {
             "cpu_model": self.cpu_model,
             "usable_cpus": self.usable_cpus,
             "physical_cores": self.physical_cores,
             "ram_gib": round(self.ram_total_bytes / RAM_ROUND_BYTES),
+            "cpu_quota": None if self.cpu_quota is None else round(self.cpu_quota, 2),
+            "memory_limit_gib": None if limit is None else round(limit / RAM_ROUND_BYTES),
+            "shm_mib": shm_size_bucket_mib(self.shm_total_bytes),
             "accelerator": self.accelerator,
             "accelerator_name": self.accelerator_name,
             "accelerator_count": self.accelerator_count,
@@ -60,15 +149,306 @@ class MachineInfo:
             "os": self.os,
         }
 
+    def limits_line(self) -> str:
+        """One line for a person: "2 CPUs usable (cgroup quota 1.5), memory limit 2.0 GiB (...), ..."."""
+        cpus = f"{self.usable_cpus} CPU{'' if self.usable_cpus == 1 else 's'} usable"
+        if self.usable_cpus < self.logical_cpus:
+            cpus = f"{self.usable_cpus} of {self.logical_cpus} CPUs usable"
+        if self.cpu_quota is not None:
+            cpus += f" (cgroup quota {_fmt_quota(self.cpu_quota)})"
+        free = format_bytes(self.memory_available_bytes)
+        if self.memory_limit_bytes is None:
+            memory = f"no memory limit ({free} available)"
+        else:
+            memory = f"memory limit {format_bytes(self.memory_limit_bytes)} ({free} available)"
+        if self.shm_total_bytes is None or self.shm_free_bytes is None:
+            shm = f"no {SHM_DIR}"
+        else:
+            shm = f"{SHM_DIR} {format_bytes(self.shm_total_bytes)} ({format_bytes(self.shm_free_bytes)} free)"
+        line = f"{cpus}, {memory}, {shm}"
+        if self.limit_notes:
+            line += f"; {len(self.limit_notes)} limit file(s) unreadable, taken as none"
+        return line
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def usable_cpu_count() -> int:
-    """Logical CPUs this process may run on: the affinity mask where the OS has one."""
+def _fmt_quota(quota: float) -> str:
+    text = f"{quota:.2f}".rstrip("0")  # 1.0, 1.5, 0.25
+    return text + "0" if text.endswith(".") else text
+
+
+def format_bytes(n: int) -> str:
+    """``64 MiB``, ``2.0 GiB``: whole MiB below a GiB, GiB to one decimal from there."""
+    if n < RAM_ROUND_BYTES:
+        return f"{n // MIB} MiB"
+    return f"{n / RAM_ROUND_BYTES:.1f} GiB"
+
+
+def shm_size_bucket_mib(total_bytes: int | None) -> int | None:
+    """The size of /dev/shm for the fingerprint: the nearest power of two in MiB (64, 8192, ...).
+
+    Configured sizes are round (64m, 1g, 8g) and the default is half the RAM: a power of two keeps a
+    small /dev/shm apart from a large one without splitting keys over a few MiB.
+    """
+    if not total_bytes or total_bytes < MIB:
+        return None if total_bytes is None else 0
+    return 1 << round(math.log2(total_bytes / MIB))
+
+
+# --------------------------------------------------------------------------------------------------
+# cgroups
+
+
+def _path(root: str, path: str) -> str:
+    """``path`` (absolute, as the kernel names it) inside the tree at ``root``."""
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _read_text(path: str, notes: list[str]) -> str | None:
+    """A small file's text; ``None`` if it is missing (normal) or unreadable (noted)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        notes.append(f"cannot read {path}: {err.strerror or err}; taken as no limit")
+        return None
+
+
+def _read_int(path: str, notes: list[str]) -> int | None:
+    text = _read_text(path, notes)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        notes.append(f"{path} holds {text[:40]!r}, not a number; taken as no limit")
+        return None
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash in paths as octal escapes (\040 ...).
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _own_cgroups(root: str, notes: list[str]) -> dict[str, str]:
+    """This process's cgroup per controller ("cpu", "memory"; "" for the v2 unified hierarchy)."""
+    text = _read_text(_path(root, "/proc/self/cgroup"), notes)
+    paths: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if parts[0] == "0" and not controllers:
+            paths[""] = path
+        for name in controllers.split(","):
+            if name:
+                paths[name] = path
+    return paths
+
+
+def _cgroup_mounts(root: str, notes: list[str]) -> list[tuple[str, str, str, set[str]]]:
+    """(fstype, root in the hierarchy, mount point, controllers) of every cgroup mount."""
+    text = _read_text(_path(root, "/proc/self/mountinfo"), notes)
+    mounts = []
+    for line in (text or "").splitlines():
+        pre, sep, post = line.partition(" - ")
+        fields, tail = pre.split(), post.split()
+        if not sep or len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
+            continue
+        controllers = set(tail[2].split(",")) if tail[0] == "cgroup" else set()
+        mounts.append((tail[0], _unescape(fields[3]), _unescape(fields[4]), controllers))
+    return mounts
+
+
+def _hierarchy(
+    root: str, controller: str, own: dict[str, str], mounts: list[tuple[str, str, str, set[str]]],
+) -> tuple[str, list[str]]:
+    """(version, this process's cgroup folder and each parent up to the mount) for ``controller``.
+
+    The controller's v1 hierarchy if it has one, else the v2 unified hierarchy; ``("none", [])``
+    when neither is mounted.
+    """
+    v1 = [m for m in mounts if m[0] == "cgroup" and controller in m[3]]
+    v2 = [m for m in mounts if m[0] == "cgroup2"]
+    if v1 and controller in own:
+        version, candidates, path = "v1", v1, own[controller]
+    elif v2 and "" in own:
+        version, candidates, path = "v2", v2, own[""]
+    else:
+        return "none", []
+    top, relative = _locate(path, candidates)
+    top = _path(root, top)
+    here = _path(top, relative)
+    return version, list(_up_to(os.path.normpath(here), os.path.normpath(top)))
+
+
+def _locate(path: str, mounts: list[tuple[str, str, str, set[str]]]) -> tuple[str, str]:
+    """(mount point, path below it) of the cgroup ``path``, preferring a mount whose root holds it.
+
+    A container sees its own cgroup mounted as the root (mountinfo's root field is
+    ``/docker/<id>``); a path outside every mount (``/../..`` under a cgroup namespace) is read at
+    the mount point, the nearest folder this process can see.
+    """
+    for _, mount_root, mount_point, _ in mounts:
+        base = mount_root.rstrip("/")
+        if path == mount_root or path.startswith(base + "/"):
+            below = path[len(base):]
+            return mount_point, "/" if below.startswith("/..") else below
+    return mounts[0][2], "/"
+
+
+def _up_to(folder: str, top: str) -> Iterator[str]:
+    """``folder``, its parent, ... up to and including ``top``."""
+    while True:
+        yield folder
+        if folder == top or not folder.startswith(top):
+            return
+        folder = os.path.dirname(folder)
+
+
+def _cpu_quota(version: str, folder: str, notes: list[str]) -> float | None:
+    if version == "v2":
+        text = _read_text(os.path.join(folder, "cpu.max"), notes)
+        if text is None or text.startswith("max"):
+            return None
+        fields = text.split()
+        if len(fields) > 2 or not all(f.lstrip("-").isdigit() for f in fields):
+            notes.append(f"{os.path.join(folder, 'cpu.max')} holds {text[:40]!r}; taken as no limit")
+            return None
+        quota, period = int(fields[0]), int(fields[1]) if len(fields) == 2 else 100_000
+    else:
+        v1_quota = _read_int(os.path.join(folder, "cpu.cfs_quota_us"), notes)
+        v1_period = _read_int(os.path.join(folder, "cpu.cfs_period_us"), notes)
+        if v1_quota is None or v1_period is None or v1_quota == -1:
+            return None
+        quota, period = v1_quota, v1_period
+    if quota <= 0 or period <= 0:
+        notes.append(f"{folder}: CPU quota {quota}/{period} is not positive; taken as no limit")
+        return None
+    return quota / period
+
+
+def _memory(version: str, folder: str, notes: list[str]) -> tuple[int | None, int | None]:
+    """(limit, headroom) of one cgroup folder: ``(None, None)`` without a limit."""
+    if version == "v2":
+        limits = [_read_bytes(os.path.join(folder, name), notes) for name in ("memory.max", "memory.high")]
+        usage = _read_int(os.path.join(folder, "memory.current"), notes)
+        cache_key = "inactive_file"
+    else:
+        limits = [_read_bytes(os.path.join(folder, "memory.limit_in_bytes"), notes)]
+        usage = _read_int(os.path.join(folder, "memory.usage_in_bytes"), notes)
+        cache_key = "total_inactive_file"
+    found = [n for n in limits if n is not None]
+    if not found:
+        return None, None
+    limit = min(found)
+    if usage is None:
+        return limit, limit
+    cold = _stat_field(os.path.join(folder, "memory.stat"), cache_key, notes)
+    return limit, max(0, limit - max(0, usage - cold))
+
+
+def _read_bytes(path: str, notes: list[str]) -> int | None:
+    """A memory limit in bytes, ``None`` for "max", a missing file or the v1 sentinel for none."""
+    text = _read_text(path, notes)
+    if text is None or text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        notes.append(f"{path} holds {text[:40]!r}, not a number; taken as no limit")
+        return None
+    if value < 0 or value >= UNLIMITED_BYTES:
+        return None
+    return value
+
+
+def _stat_field(path: str, key: str, notes: list[str]) -> int:
+    for line in (_read_text(path, notes) or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def read_cgroup_limits(root: str = "/") -> CgroupLimits:
+    """The CPU quota and memory limit of this process's cgroup and its parents. Never raises.
+
+    ``root`` is where the filesystem tree is read from (``/proc/self/...``, the cgroup mounts): the
+    real one by default, a fixture tree in tests. See the NOTE [ Container limits ].
+    """
+    notes: list[str] = []
+    own, mounts = _own_cgroups(root, notes), _cgroup_mounts(root, notes)
+    cpu_version, cpu_folders = _hierarchy(root, "cpu", own, mounts)
+    mem_version, mem_folders = _hierarchy(root, "memory", own, mounts)
+    quotas = [q for q in (_cpu_quota(cpu_version, f, notes) for f in cpu_folders) if q is not None]
+    levels = [_memory(mem_version, f, notes) for f in mem_folders]
+    limits = [limit for limit, _ in levels if limit is not None]
+    headrooms = [room for _, room in levels if room is not None]
+    versions = {v for v in (cpu_version, mem_version) if v != "none"}
+    kind = versions.pop() if len(versions) == 1 else ("mixed" if versions else "none")
+    return CgroupLimits(
+        kind=kind,
+        cpu_quota=min(quotas) if quotas else None,
+        memory_limit_bytes=min(limits) if limits else None,
+        memory_headroom_bytes=min(headrooms) if headrooms else None,
+        notes=tuple(dict.fromkeys(notes)),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Readings
+
+
+def _affinity_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
+
+
+def _bounded(cpus: int, quota: float | None) -> int:
+    return cpus if quota is None else max(1, min(cpus, math.ceil(quota)))
+
+
+def usable_cpu_count(root: str = "/") -> int:
+    """CPUs this process may use: its affinity mask, bounded by its cgroup CPU quota rounded up."""
+    return _bounded(_affinity_cpus(), read_cgroup_limits(root).cpu_quota)
+
+
+def memory_available_bytes(root: str = "/") -> int:
+    """RAM this process may take now: free RAM, or the least any cgroup limit leaves, if smaller."""
+    headroom = read_cgroup_limits(root).memory_headroom_bytes
+    available = int(psutil.virtual_memory().available)
+    return available if headroom is None else min(available, headroom)
+
+
+def read_shm(root: str = "/") -> SharedMemory | None:
+    """Size and free space of ``/dev/shm`` now; ``None`` where there is none (macOS, Windows)."""
+    path = _path(root, SHM_DIR)
+    try:
+        st = os.statvfs(path)
+    except (OSError, AttributeError):
+        return None
+    return SharedMemory(path, total_bytes=st.f_blocks * st.f_frsize, free_bytes=st.f_bavail * st.f_frsize)
+
+
+def shm_free_bytes(root: str = "/") -> int | None:
+    """Free bytes of ``/dev/shm`` this moment: read it again right before building anything shared."""
+    shm = read_shm(root)
+    return None if shm is None else shm.free_bytes
 
 
 def _cpu_model() -> str:
@@ -90,8 +470,11 @@ def _torchvision_version() -> str | None:
         return None
 
 
-def detect_machine() -> MachineInfo:
-    """Read the machine now. Cheap (a few ms): safe to call on every ``tune_loader`` call."""
+def detect_machine(*, root: str = "/") -> MachineInfo:
+    """Read the machine now. Cheap (a few ms): safe to call on every ``tune_loader`` call.
+
+    ``root`` is where the cgroup and /dev/shm readings come from (a fixture tree in tests).
+    """
     mem = psutil.virtual_memory()
     has_cuda = torch.cuda.is_available()
     name = None
@@ -102,8 +485,14 @@ def detect_machine() -> MachineInfo:
         props = torch.cuda.get_device_properties(0)
         name = props.name
         gpu_mem = int(props.total_memory)
+    limits = read_cgroup_limits(root)
+    shm = read_shm(root)
+    # A limit at or above the RAM bounds nothing: no limit, for the budget and the fingerprint alike.
+    memory_limit = limits.memory_limit_bytes
+    if memory_limit is not None and memory_limit >= mem.total:
+        memory_limit = None
     return MachineInfo(
-        usable_cpus=usable_cpu_count(),
+        usable_cpus=_bounded(_affinity_cpus(), limits.cpu_quota),
         logical_cpus=os.cpu_count() or 1,
         physical_cores=psutil.cpu_count(logical=False),
         cpu_model=_cpu_model(),
@@ -117,4 +506,11 @@ def detect_machine() -> MachineInfo:
         torchvision_version=_torchvision_version(),
         python_version=platform.python_version(),
         os=f"{platform.system()} {platform.release()}",
+        cgroup=limits.kind,
+        cpu_quota=limits.cpu_quota,
+        memory_limit_bytes=memory_limit,
+        memory_headroom_bytes=limits.memory_headroom_bytes,
+        shm_total_bytes=None if shm is None else shm.total_bytes,
+        shm_free_bytes=None if shm is None else shm.free_bytes,
+        limit_notes=limits.notes,
     )
