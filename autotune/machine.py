@@ -10,6 +10,7 @@ import importlib.metadata
 import math
 import os
 import platform
+import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -218,9 +219,10 @@ def _read_text(path: str, notes: list[str]) -> str | None:
         return None
 
 
-def _read_int(path: str, notes: list[str]) -> int | None:
+def _read_int(path: str, notes: list[str], *, none: str = "") -> int | None:
+    """A number from a small file; ``None`` if missing, unreadable, garbled (noted) or ``none``."""
     text = _read_text(path, notes)
-    if text is None:
+    if text is None or (none and text == none):
         return None
     try:
         return int(text)
@@ -231,15 +233,7 @@ def _read_int(path: str, notes: list[str]) -> int | None:
 
 def _unescape(field: str) -> str:
     # mountinfo writes space, tab, newline and backslash in paths as octal escapes (\040 ...).
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _own_cgroups(root: str, notes: list[str]) -> dict[str, str]:
@@ -363,15 +357,8 @@ def _memory(version: str, folder: str, notes: list[str]) -> tuple[int | None, in
 
 def _read_bytes(path: str, notes: list[str]) -> int | None:
     """A memory limit in bytes, ``None`` for "max", a missing file or the v1 sentinel for none."""
-    text = _read_text(path, notes)
-    if text is None or text == "max":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        notes.append(f"{path} holds {text[:40]!r}, not a number; taken as no limit")
-        return None
-    if value < 0 or value >= UNLIMITED_BYTES:
+    value = _read_int(path, notes, none="max")
+    if value is None or value < 0 or value >= UNLIMITED_BYTES:
         return None
     return value
 
