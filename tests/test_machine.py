@@ -35,6 +35,7 @@ from autotune.machine import (
     shm_size_bucket_mib,
     usable_cpu_count,
 )
+from autotune.space import worker_bound
 
 GIB = RAM_ROUND_BYTES
 AFFINITY = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -388,16 +389,24 @@ READ_MACHINE = (
     "'fingerprint': m.fingerprint(), 'line': m.limits_line(), 'notes': m.limit_notes, "
     "'own': open('/proc/self/cgroup').read()}))"
 )
+SPACE_WORKERS = (
+    "from autotune.machine import detect_machine; from autotune.space import build_space; "
+    "print(build_space(detect_machine(), batch_size=8, dataset_len=64, cuda=False).max_workers)"
+)
 
 
-def test_a_real_one_cpu_quota_bounds_usable_cpus() -> None:
+def test_a_real_one_cpu_quota_bounds_usable_cpus_and_the_workers() -> None:
     with _child_cgroup("cpu", {"v1": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "100000"},
                                "v2": {"cpu.max": "100000 100000"}}) as path:
         seen = _run_in(path, READ_MACHINE)
+        workers = _run_in(path, SPACE_WORKERS)
     assert os.path.basename(path) in seen["own"]  # it really ran in the test's cgroup
     assert (seen["usable_cpus"], seen["cpu_quota"], seen["notes"]) == (1, 1.0, [])
     assert seen["fingerprint"]["cpu_quota"] == 1.0
     assert "usable (cgroup quota 1.0)" in seen["line"] and seen["line"].startswith("1 ")
+    # The search space takes its worker bound from it: one CPU's worth, not the box's.
+    assert workers == worker_bound(1)
+    assert AFFINITY == 1 or workers < worker_bound(AFFINITY)
 
 
 def test_a_real_memory_limit_below_free_ram_is_read() -> None:
