@@ -2,7 +2,8 @@
 
 import importlib.metadata
 
-from .api import DEFAULT_BUDGET_S, DEFAULT_EPOCHS, TuneResult, tune_loader
+from .api import tune_loader
+from .decide import TrialRecord
 from .exceptions import (
     AutotuneError,
     AutotuneWarning,
@@ -20,10 +21,11 @@ from .exceptions import (
 )
 from .loader import DataLoader
 from .machine import detect_machine
-from .measure import MeasureLimits, Measurement, measure
+from .measure import Measurement, measure
 from .profiles import open_store
+from .result import DEFAULT_BUDGET_S, DEFAULT_EPOCHS, TuneResult
 from .space import Candidate
-from .study import TrialRecord
+from .supervise import MeasureLimits
 from .threads import ThreadDataLoader
 
 _DISTRIBUTION = "dataloader-autotune"

@@ -2,184 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from . import distributed, profiles
 from .measure import measure
 from .plan import Plan, make_plan
 from .progress import Progress
-from .space import Candidate
-from .study import SearchOutcome, SearchSettings, TrialRecord, run_search
+from .result import DEFAULT_BUDGET_S, DEFAULT_EPOCHS, TuneResult, from_decision, lookup
+from .study import SearchOutcome, SearchSettings, run_search
+
+__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_EPOCHS", "TuneResult", "tune_loader"]
 
 log = logging.getLogger("autotune")
-
-DEFAULT_BUDGET_S = 60.0
-"""A minute: enough for ~25 measured candidates on a small machine, short beside any training run."""
-
-DEFAULT_EPOCHS = 10
-"""Epochs a pre-transform cache and worker start-up are amortised over, when the user does not say."""
-
-
-
-
-@dataclass(frozen=True)
-class TuneResult:
-    """The best DataLoader configuration found, with the evidence for it.
-
-    ``samples_per_s``, ``busy`` and ``wait_fraction`` are medians over the winner's measurements.
-    ``speedup`` is how much faster a training run of ``epochs`` epochs goes than with PyTorch's
-    defaults measured in the same run, start-up and any pre-transform build included (NOTE [ Score ]
-    in study.py); ``throughput_speedup`` is the same ratio for steady-state samples/s alone. Both are
-    ``None`` when the defaults could not be measured. ``torch_threads`` is the main-process thread
-    count the winner was measured with: apply it with ``torch.set_num_threads`` (``None``: leave it).
-    """
-
-    loader_kwargs: dict[str, Any]
-    pretransform: str = "none"
-    torch_threads: int | None = None
-    samples_per_s: float = 0.0
-    busy: float = 0.0
-    wait_fraction: float = 0.0
-    speedup: float | None = None
-    throughput_speedup: float | None = None
-    baseline_samples_per_s: float | None = None
-    baseline_busy: float | None = None
-    baseline_wait_fraction: float | None = None
-    spread: float = 0.0
-    trials: tuple[TrialRecord, ...] = ()
-    device: str = "cpu"
-    epochs: int = DEFAULT_EPOCHS
-    budget_s: float = DEFAULT_BUDGET_S
-    tuning_s: float = 0.0
-    from_cache: bool = False
-    key: str | None = None
-    machine: dict[str, Any] = field(default_factory=dict)
-    workload: dict[str, Any] = field(default_factory=dict)
-    study_name: str | None = None
-    storage_url: str | None = None
-
-    @property
-    def candidate(self) -> Candidate:
-        return Candidate.from_loader_kwargs(
-            self.loader_kwargs, pretransform=self.pretransform, torch_threads=self.torch_threads)
-
-    def make_loader(self, dataset: Any, **overrides: Any) -> DataLoader[Any]:
-        """A DataLoader with the tuned settings, as measured; ``overrides`` win (``shuffle=True`` etc.).
-
-        It is an :class:`autotune.DataLoader` fixed to this result (it explores nothing): built by
-        the same builder the search measured with, the pre-transform applied (the cache is built once
-        per process and dataset), thread workers where they won, and the main process's torch thread
-        count set to ``torch_threads`` while it loads, put back by ``close()`` or when the loader is
-        collected. A tunable setting in ``overrides`` (``num_workers=0``, say) replaces the tuned one.
-        """
-        from .loader import DataLoader as TunedDataLoader
-
-        return TunedDataLoader.configured(dataset, self.candidate, device=self.device, **overrides)
-
-    def training_args(self) -> dict[str, Any]:
-        """The tuned settings as Hugging Face ``transformers.TrainingArguments`` keywords.
-
-        ``TrainingArguments(output_dir=..., **result.training_args())``. The Trainer builds a plain
-        DataLoader, which can start neither thread workers nor a pre-transform cache: when either
-        won, these are the best measured configuration without them. The main process's thread
-        count has no place there either (set it with ``torch.set_num_threads``).
-        """
-        c = self.candidate
-        if c.threaded or c.pretransform != "none":  # neither is the Trainer's to build
-            plain = [t for t in self.trials
-                     if t.state == "complete" and t.score is not None and not t.candidate.threaded
-                     and t.candidate.pretransform == "none"]
-            c = max(plain, key=lambda t: t.score or 0.0).candidate if plain else Candidate(c.batch_size)
-        return {
-            "dataloader_num_workers": c.num_workers,
-            "dataloader_pin_memory": c.pin_memory,
-            "dataloader_persistent_workers": c.persistent_workers if c.num_workers else False,
-            "dataloader_prefetch_factor": c.prefetch_factor if c.num_workers else None,
-        }
-
-    def diagnosis(self) -> str:
-        """One line on the bottleneck, before and after."""
-        if self.baseline_wait_fraction is None:
-            return f"tuned: the step waits for data {self.wait_fraction:.0%} of the time"
-        kind = "data-bound" if self.baseline_wait_fraction > 0.5 else "step-bound"
-        return (
-            f"{kind}: with PyTorch's defaults the step waited {self.baseline_wait_fraction:.0%} of"
-            f" the time; tuned: {self.wait_fraction:.0%}"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["trials"] = [t.to_dict() for t in self.trials]
-        if data["storage_url"]:
-            data["storage_url"] = profiles.mask_url(data["storage_url"])
-        return data
-
-    def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), default=str, **kwargs)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], **changes: Any) -> TuneResult:
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        fields["trials"] = tuple(TrialRecord.from_dict(t) for t in data.get("trials", ()))
-        if fields.get("storage_url"):  # a profile stored before passwords were masked
-            fields["storage_url"] = profiles.mask_url(fields["storage_url"])
-        fields.update(changes)
-        return cls(**fields)
-
-    @classmethod
-    def from_outcome(cls, outcome: SearchOutcome, plan: Plan, settings: SearchSettings) -> TuneResult:
-        """The result of a finished search; the storage URL only ever with its password masked."""
-        best, base = outcome.best, outcome.baseline
-        return cls(
-            loader_kwargs=best.candidate.loader_kwargs(),
-            pretransform=best.candidate.pretransform,
-            torch_threads=best.candidate.torch_threads,
-            samples_per_s=best.samples_per_s,
-            busy=best.busy,
-            wait_fraction=best.wait_fraction,
-            speedup=outcome.speedup,
-            throughput_speedup=(
-                best.samples_per_s / base.samples_per_s if base and base.samples_per_s else None
-            ),
-            baseline_samples_per_s=base.samples_per_s if base else None,
-            baseline_busy=base.busy if base else None,
-            baseline_wait_fraction=base.wait_fraction if base else None,
-            spread=best.spread,
-            trials=outcome.trials,
-            device=str(plan.device),
-            epochs=plan.epochs,
-            budget_s=plan.budget_s,
-            tuning_s=time.monotonic() - plan.started_at,
-            key=plan.key,
-            machine=plan.machine.fingerprint(),
-            workload=plan.workload,
-            study_name=outcome.study_name,
-            storage_url=(
-                profiles.mask_url(settings.storage_url)
-                if outcome.study_name and settings.storage_url else None
-            ),
-        )
-
-    def table(self) -> str:
-        """The trial table as text (see :mod:`autotune.report`)."""
-        from .report import trial_table
-
-        return trial_table(self)
-
-    def plot(self, path: str) -> str:
-        """Throughput against workers and busy fraction, saved to ``path`` (needs matplotlib)."""
-        from .report import plot
-
-        return plot(self, path)
-
 
 def tune_loader(
     dataset: Any,
@@ -265,7 +104,7 @@ def _tune(plan: Plan, store: profiles.ProfileStore | None, coordinator: distribu
             return cached
 
     space, settings = plan.search(store=store)
-    bar = Progress(plan.budget_s, enabled=progress)
+    bar = Progress(plan.budget_s or 0.0, enabled=progress)
     try:
         outcome = run_search(plan.dataset, plan.step, space, settings, progress=bar,
                              evaluate=coordinator or measure)
@@ -275,21 +114,21 @@ def _tune(plan: Plan, store: profiles.ProfileStore | None, coordinator: distribu
         raise
     finally:
         bar.close()
-    result = TuneResult.from_outcome(outcome, plan, settings)
+    result = _result(outcome, plan, settings)
     if coordinator is not None:
         coordinator.finish(("result", result.to_dict()))
     if store is not None:
         store.put(plan.key, result.to_dict())
-    log.info("autotune: best %s at %.0f samples/s (%.2fx the defaults)",
-             outcome.best.candidate.label(), outcome.best.samples_per_s,
-             outcome.speedup or float("nan"))
+    log.info("autotune: best %s: %s", outcome.best.candidate.label(), outcome.decision.reason)
     return result
 
 
-def lookup(store: profiles.ProfileStore, key: str) -> TuneResult | None:
-    """The stored profile for ``key`` as a result, or ``None``."""
-    record = store.get(key)
-    if record is None:
-        return None
-    log.info("autotune: profile %s found in %s; not measuring", key, store.location)
-    return TuneResult.from_dict(record, from_cache=True)
+def _result(outcome: SearchOutcome, plan: Plan, settings: SearchSettings) -> TuneResult:
+    """The result of a finished search; the storage URL only ever with its password masked."""
+    return from_decision(
+        outcome.decision, outcome.trials, device=str(plan.device), epochs=plan.epochs,
+        budget_s=plan.budget_s, tuning_s=time.monotonic() - plan.started_at, key=plan.key,
+        machine=plan.machine.fingerprint(), workload=plan.workload, study_name=outcome.study_name,
+        storage_url=(profiles.mask_url(settings.storage_url)
+                     if outcome.study_name and settings.storage_url else None),
+    )

@@ -106,15 +106,10 @@ def _add_store_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                    help="an Optuna RDB storage URL for shared profiles, e.g. postgresql://host/db")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``autotune`` argument parser."""
-    return _build_parsers()[0]
-
-
 def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The parser, and each sub-command's parser by name (for its usage line in errors)."""
     from . import __version__
-    from .api import DEFAULT_BUDGET_S, DEFAULT_EPOCHS
+    from .result import DEFAULT_BUDGET_S, DEFAULT_EPOCHS
 
     parser = argparse.ArgumentParser(
         prog="autotune",
@@ -532,7 +527,7 @@ def _fingerprint_lines(data: Any, indent: str = "  ") -> list[str]:
 
 def cmd_profiles_show(args: argparse.Namespace) -> int:
     from . import report
-    from .api import TuneResult
+    from .result import TuneResult
 
     store = _open_store(args)
     try:

@@ -31,6 +31,9 @@ from .space import Candidate
 
 log = logging.getLogger(__name__)
 
+DEFAULT_TIMEOUT_S = 60.0
+"""What the control group's timeout is built from when the caller has no budget (the drop-in)."""
+
 COLLECTIVE_MARGIN_S = 120.0
 """Added to the tuning budget for the control group's timeout: the longest a rank may wait for another."""
 

@@ -31,24 +31,47 @@ def workload_fingerprint(
     step: Any = None,
     device: str = "cpu",
     fixed: Mapping[str, Any] | None = None,
+    read_sample: bool = True,
 ) -> dict[str, Any]:
     """A readable description of what is being loaded, the same in every process for the same workload.
 
-    Cheap: it reads one sample (``dataset[0]``, or the first item of an iterable dataset). Memory
-    addresses are stripped from reprs, and the step is identified by its qualified name plus a hash of
-    its compiled code, so editing the step's body gives a new key. Errors raised by the dataset itself
-    are not caught.
+    Cheap: it reads one sample (``dataset[0]``, or the first item of an iterable dataset), or, with
+    ``read_sample=False``, none: then the dataset's own attributes describe it (their types, and the
+    shapes and dtypes of its arrays; see :func:`describe_attributes`). Memory addresses are stripped
+    from reprs, and the step is identified by its qualified name plus a hash of its compiled code, so
+    editing the step's body gives a new key. Errors raised by the dataset itself are not caught.
     """
     length = dataset_length(dataset)
+    sample = (describe_sample(_first_sample(dataset, length)) if read_sample
+              else {"attributes": describe_attributes(dataset)})
     return {
         "dataset": qualname(type(dataset)),
         "len": length,
-        "sample": describe_sample(_first_sample(dataset, length)),
+        "sample": sample,
         "transform": _transform_repr(dataset),
         "step": _step_identity(step),
         "device": str(device),
         "fixed": jsonable(dict(fixed)) if fixed else {},
     }
+
+
+def describe_attributes(dataset: Any) -> dict[str, Any]:
+    """The dataset's instance attributes, described without reading a sample: numbers, short strings
+    and paths as they are; arrays and tensors by shape and dtype; sequences by type and length; other
+    objects by type. Private attributes are left out."""
+    out: dict[str, Any] = {}
+    for name, value in sorted(getattr(dataset, "__dict__", {}).items()):
+        if name.startswith("_") or callable(value):
+            continue
+        if isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 200):
+            out[name] = value
+        elif hasattr(value, "shape") and hasattr(value, "dtype"):
+            out[name] = {"shape": [int(d) for d in value.shape], "dtype": str(value.dtype)}
+        elif isinstance(value, (list, tuple, dict)):
+            out[name] = {"type": type(value).__name__, "len": len(value)}
+        else:
+            out[name] = {"type": qualname(type(value))}
+    return out
 
 
 def profile_key(machine_fp: Mapping[str, Any], workload_fp: Mapping[str, Any]) -> str:

@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import pickle
 import statistics
 import time
@@ -41,50 +40,22 @@ from torch.utils.data import DataLoader, IterableDataset
 from . import pretransform as pt
 from .exceptions import CandidateError, ConfigurationError, TrialPruned, TrialTimeout, WorkerFailed
 from .space import Candidate
-from .supervise import Interrupted, Watchdog, child_pids, interruptible, shut_down
-from .supervise import process_memory as process_memory
+from .supervise import (
+    Interrupted,
+    MeasureLimits,
+    Watchdog,
+    interruptible,
+    shut_down,
+    worker_pids,
+)
 from .threads import ThreadDataLoader
 
 WARMUP_BATCHES = 2
-"""Untimed batches after start-up, on top of draining the workers' initial prefetch."""
+"""Batches after start-up that are not measured, on top of draining the workers' prefetch (both
+drivers: the harness here and the drop-in's stretches)."""
 
 MAX_WARMUP_BATCHES = 64
 """Cap on warm-up, so many workers with a deep prefetch do not eat the trial."""
-
-DEFAULT_WINDOW_S = 1.0
-"""Steady-state window length: long enough to average scheduler noise, short enough for 30+ trials."""
-
-DEFAULT_BATCH_TIMEOUT_S = 60.0
-"""A single batch taking longer than this is a hang, not a slow dataset."""
-
-DEFAULT_TRIAL_TIMEOUT_S = 120.0
-"""No single candidate may take longer than this, start-up and shut-down included."""
-
-
-@dataclass(frozen=True)
-class MeasureLimits:
-    """How long and how much one measurement may take."""
-
-    window_s: float = DEFAULT_WINDOW_S
-    min_batches: int = 5
-    max_batches: int = 100_000
-    """A guard only: windows end by time, so a very fast loader still gets a window of window_s."""
-    batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S
-    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
-    memory_limit_bytes: int | None = None
-    """Ceiling on the PSS of this process plus all its children; ``None``: no memory guard."""
-
-    def __post_init__(self) -> None:
-        for name in ("window_s", "batch_timeout_s", "trial_timeout_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name}={value!r} must be a positive number of seconds.")
-        if self.min_batches < 1 or self.max_batches < self.min_batches:
-            raise ValueError(
-                f"min_batches={self.min_batches}, max_batches={self.max_batches}: need"
-                " 1 <= min_batches <= max_batches."
-            )
-
 
 @dataclass(frozen=True)
 class _Window:
@@ -165,6 +136,46 @@ def torch_threads(n: int | None) -> Iterator[None]:
             torch.set_num_threads(old)
 
 
+class ThreadCounts:
+    """The main process's torch thread count as holders set it (see NOTE [ Thread count ]).
+
+    # NOTE [ Thread count ]
+    # Each drop-in loader that applies a tuned torch thread count holds it until it is closed or
+    # collected. Holders form a stack keyed by owner: the count in force is the newest holder's, and
+    # when the last one lets go the count from before the first is put back, whatever the order in
+    # which they let go (two loaders closed in creation order end where they started).
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[int, int] = {}
+        self._before: int | None = None
+
+    def hold(self, owner: int, n: int) -> None:
+        if not self._held:
+            self._before = torch.get_num_threads()
+        self._held.pop(owner, None)
+        self._held[owner] = n
+        self._apply()
+
+    def release(self, owner: int) -> None:
+        if self._held.pop(owner, None) is None:
+            return
+        if self._held:
+            self._apply()
+        elif self._before is not None:
+            if torch.get_num_threads() != self._before:
+                torch.set_num_threads(self._before)
+            self._before = None
+
+    def _apply(self) -> None:
+        n = next(reversed(self._held.values()))
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+
+
+THREAD_COUNTS = ThreadCounts()
+
+
 def build_loader(
     dataset: Any,
     candidate: Candidate,
@@ -227,12 +238,13 @@ def build_loader(
 
 
 @contextlib.contextmanager
-def quiet_worker_warning() -> Iterator[None]:
-    """Silence PyTorch's too-many-workers warning: the search decides that by measuring."""
+def quiet_worker_warning(*, pickle_errors: bool = True) -> Iterator[None]:
+    """Silence PyTorch's too-many-workers warning: the search decides that by measuring; and, unless
+    ``pickle_errors=False``, its pickling warning, which a failed candidate reports with the fix."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
-        # Raised as WorkerFailed by ``_start``, with the fix; the generic warning would only repeat it.
-        warnings.filterwarnings("ignore", message="Got pickle error when attempting to start a worker")
+        if pickle_errors:
+            warnings.filterwarnings("ignore", message="Got pickle error when attempting to start a worker")
         yield
 
 
@@ -267,6 +279,8 @@ def _release_frames(err: BaseException) -> None:
 
 def map_loader_error(err: BaseException) -> CandidateError | None:
     """Failures that belong to the candidate's workers (processes or threads), not to the user's code."""
+    if isinstance(err, CandidateError):
+        return err
     text = str(err)
     if isinstance(err, RuntimeError):
         if "DataLoader timed out" in text:
@@ -326,14 +340,14 @@ def measure(
     """
     limits = limits or MeasureLimits()
     device = torch.device(device)
-    before = child_pids()
     prepared: pt.Prepared | None = None
     epochs: _Epochs | None = None
     loader: Any = None
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_threads(candidate.torch_threads))
         arm = stack.enter_context(interruptible())
-        watchdog = Watchdog(limits, before, arm)
+        watchdog = Watchdog(limits, arm, lambda: worker_pids(
+            *((epochs.iterator, getattr(epochs.loader, "_iterator", None)) if epochs is not None else ())))
         watchdog.start()
         # Runs before the signal handler is restored even if the shut-down below is cut short: a
         # watchdog left running could signal a process that no longer handles the signal.
@@ -353,7 +367,7 @@ def measure(
                 loader = epochs.loader if epochs is not None else None
                 iterators = (epochs.iterator if epochs is not None else None,
                              getattr(loader, "_iterator", None))
-                death = shut_down(watchdog, arm, iterators, loader, before)
+                death = shut_down(watchdog, arm, iterators, loader)
         except Interrupted as err:
             failure = watchdog.failure or TrialTimeout("the trial was interrupted")
             _release_frames(err)

@@ -28,9 +28,9 @@ from . import distributed, fingerprint, preflight, profiles
 from . import pretransform as pt
 from .exceptions import AutotuneWarning, ConfigurationError
 from .machine import MachineInfo, detect_machine
-from .measure import DEFAULT_BATCH_TIMEOUT_S, MeasureLimits, process_memory
-from .space import SearchSpace, build_space, check_bound, resolve_batch_sizes, resolve_in_order
+from .space import Candidate, SearchSpace, build_space, check_bound, resolve_batch_sizes, resolve_in_order
 from .study import SearchSettings
+from .supervise import DEFAULT_BATCH_TIMEOUT_S, MeasureLimits, process_memory
 
 log = logging.getLogger("autotune")
 
@@ -57,7 +57,9 @@ class Plan:
     step: Callable[[Any], Any] | None
     dataset_len: int | None
     batch_size: int | Sequence[int] | None
-    budget_s: float
+    budget_s: float | None
+    """The offline search's time budget; ``None`` for the drop-in, which has none (its exploration
+    is bounded by what it costs the run, NOTE [ Online search ] in online.py)."""
     epochs: int
     device: torch.device
     strategies: tuple[str, ...]
@@ -80,6 +82,10 @@ class Plan:
     excluded: dict[str, str] = field(default_factory=dict)
     """Settings left out of the space for this dataset, each with the reason."""
     started_at: float = 0.0
+    persistent: bool | None = None
+    """``persistent_workers`` as the user fixed it (``None``: decided by the epochs)."""
+    baseline: dict[str, Any] | None = None
+    """The DataLoader settings the user runs, to measure against (``None``: PyTorch's defaults)."""
 
     @property
     def iterable(self) -> bool:
@@ -89,10 +95,9 @@ class Plan:
     def local_ranks(self) -> int:
         return self.dist.local_world_size if self.dist is not None else 1
 
-    def search(
-        self, *, store: profiles.ProfileStore | None = None, study_name: str | None = None
-    ) -> tuple[SearchSpace, SearchSettings]:
-        """The space and the settings of a search for this plan (reads a few samples to plan a cache)."""
+    def space(self) -> tuple[SearchSpace, dict[str, str]]:
+        """The search space of this plan and the pre-transform strategies refused, with the reasons
+        (reads a few samples in this process to plan a cache, where caches were asked for)."""
         usable, refused = pretransform_choices(
             self.dataset, self.strategies, device=self.device, machine=self.machine,
             budget_s=self.budget_s, memory_budget_bytes=self.memory_budget_bytes,
@@ -103,7 +108,20 @@ class Plan:
             excluded=self.excluded, epochs=self.epochs, local_world_size=self.local_ranks,
             thread_workers=not self.iterable, max_threads=self.max_threads,
             in_order_choices=resolve_in_order(self.in_order, shuffle=self.shuffle and not self.iterable),
+            persistent=self.persistent,
         )
+        return space, refused
+
+    def baseline_candidate(self, space: SearchSpace) -> Candidate:
+        """What the user runs (``baseline``), or PyTorch's defaults, at the space's baseline batch size."""
+        return baseline_candidate(self.baseline, space.baseline_batch_size)
+
+    def search(
+        self, *, store: profiles.ProfileStore | None = None, study_name: str | None = None
+    ) -> tuple[SearchSpace, SearchSettings]:
+        """The space and the settings of the offline search for this plan."""
+        assert self.budget_s is not None, "the offline search has a budget"
+        space, refused = self.space()
         limits = measure_limits(self.budget_s, memory_budget_bytes=self.memory_budget_bytes,
                                 batch_timeout_s=self.batch_timeout_s,
                                 local_world_size=self.local_ranks)
@@ -113,7 +131,7 @@ class Plan:
             shuffle=self.shuffle and not self.iterable, collate_fn=self.collate_fn,
             usable_cpus=self.machine.usable_cpus, refused=refused,
             storage_url=store.study_storage_url() if store is not None else None,
-            started_at=self.started_at,
+            started_at=self.started_at, baseline=self.baseline_candidate(space),
             study_name=study_name or f"autotune-{self.key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}",
         )
         return space, settings
@@ -124,7 +142,7 @@ def make_plan(
     step: Callable[[Any], Any] | None,
     *,
     batch_size: int | Sequence[int] | None,
-    budget_s: float,
+    budget_s: float | None,
     device: str | torch.device | None,
     epochs: int,
     pretransform: str | Sequence[str],
@@ -136,16 +154,24 @@ def make_plan(
     seed: int,
     in_order: bool | None = None,
     fixed: dict[str, Any] | None = None,
+    baseline: dict[str, Any] | None = None,
+    persistent: bool | None = None,
+    read_samples: bool = True,
+    multiprocessing_context: Any = None,
     stacklevel: int = 2,
 ) -> Plan:
     """Check every argument, read the machine, and key the workload (stage 1 of the module docstring).
 
-    ``fixed`` adds to the profile key what else the caller holds fixed; ``stacklevel`` points the
-    warnings at the user's line, counted from the caller of this function.
+    ``fixed`` adds to the profile key what else the caller holds fixed; ``baseline`` the settings to
+    measure against. ``read_samples=False`` reads no sample in this process (the drop-in: the
+    dataset's own reads are the user's, NOTE [ The drop-in's contract ] in loader.py): the samples are
+    then not checked for batching, CUDA tensors are seen in the first batch instead, and the key
+    describes the dataset without a sample. ``stacklevel`` points the warnings at the user's line,
+    counted from the caller of this function.
     """
     started = time.monotonic()
-    n = preflight.check_dataset(dataset)
-    budget = preflight.check_number(
+    n = preflight.check_dataset(dataset, allow_empty=not read_samples)
+    budget = None if budget_s is None else preflight.check_number(
         "budget_s", budget_s, minimum=0,
         fix="give the tuning a positive number of seconds, e.g. budget_s=60.")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
@@ -167,36 +193,36 @@ def make_plan(
             fix="give a positive number of bytes, or None for half the available RAM."))
     if max_workers is not None:
         check_bound("max_workers", max_workers)
+    if baseline is not None:
+        preflight.check_loader_settings("baseline", baseline)
     resolve_in_order(in_order, shuffle=shuffle)
     # The batch sizes are checked against the dataset here, not first when the space is drawn.
-    resolve_batch_sizes(batch_size, n)
+    resolve_batch_sizes(batch_size, n if n else None)
     max_threads = max_workers
-    if collate_fn is None:
+    if collate_fn is None and read_samples:
         preflight.check_collates(dataset, n, batch_size)
 
     machine = detect_machine()
     iterable = isinstance(dataset, IterableDataset)
-    ctx = distributed.context(budget)
+    ctx = distributed.context(budget if budget is not None else distributed.DEFAULT_TIMEOUT_S)
     excluded: dict[str, str] = {}
-    if not iterable and pt.holds_cuda_tensors(dataset):
+    if read_samples and not iterable and pt.holds_cuda_tensors(dataset):
         max_workers = 0
-        excluded["num_workers>0"] = (
-            "the dataset already holds CUDA tensors, which worker processes cannot share"
-            " (_share_filename_: only available on CPU); only num_workers=0 is searched"
-        )
-        log.info("autotune: %s", excluded["num_workers>0"])
-    if max_workers != 0 and (why := preflight.unpicklable_reason(dataset, collate_fn)) is not None:
+        excluded["num_workers>0"] = CUDA_DATA
+        log.info("autotune: %s", CUDA_DATA)
+    if max_workers != 0 and (why := preflight.unpicklable_reason(
+            dataset, collate_fn, multiprocessing_context)) is not None:
         max_workers = 0
         excluded["num_workers>0"] = why
         warnings.warn(why, AutotuneWarning, stacklevel=stacklevel + 1)
-    if iterable and max_workers != 0 and not preflight.shards_by_worker(dataset):
-        warnings.warn(
+    if read_samples and iterable and max_workers != 0 and not preflight.shards_by_worker(dataset):
+        max_workers = 0
+        excluded["num_workers>0"] = (
             f"{type(dataset).__name__} is an IterableDataset whose __iter__ does not seem to shard the"
-            " stream: with num_workers > 0 each worker replays all of it, so every sample comes"
-            " num_workers times and the measured speed counts the copies. Shard it in __iter__ with"
-            " torch.utils.data.get_worker_info(), or pass max_workers=0.",
-            AutotuneWarning, stacklevel=stacklevel + 1,
-        )
+            " stream: with num_workers > 0 each worker would replay all of it, every sample coming"
+            " num_workers times; only num_workers=0 is searched. Shard it in __iter__ with"
+            " torch.utils.data.get_worker_info() to have workers searched")
+        warnings.warn(excluded["num_workers>0"], AutotuneWarning, stacklevel=stacklevel + 1)
 
     key_fixed: dict[str, Any] = {
         "batch_size": batch_size if batch_size is None or isinstance(batch_size, int)
@@ -207,11 +233,13 @@ def make_plan(
         "shuffle": shuffle,
         "collate_fn": getattr(collate_fn, "__qualname__", None if collate_fn is None else "custom"),
         **({"in_order": in_order} if in_order is not None else {}),
+        **({"baseline": baseline} if baseline else {}),
         **(fixed or {}),
     }
     if ctx is not None:
         key_fixed["local_world_size"] = ctx.local_world_size  # the best per-rank setting depends on it
-    workload = fingerprint.workload_fingerprint(dataset, step=step, device=str(dev), fixed=key_fixed)
+    workload = fingerprint.workload_fingerprint(dataset, step=step, device=str(dev), fixed=key_fixed,
+                                                read_sample=read_samples)
     return Plan(
         dataset=dataset, step=step, dataset_len=n, batch_size=batch_size, budget_s=budget,
         epochs=epochs, device=dev, strategies=strategies, max_workers=max_workers,
@@ -219,20 +247,42 @@ def make_plan(
         batch_timeout_s=batch_timeout, shuffle=shuffle, collate_fn=collate_fn, seed=seed,
         machine=machine, dist=ctx, workload=workload,
         key=fingerprint.profile_key(machine.fingerprint(), workload), excluded=excluded,
-        started_at=started,
+        started_at=started, persistent=persistent, baseline=dict(baseline) if baseline else None,
+    )
+
+
+CUDA_DATA = ("the dataset already holds CUDA tensors, which worker processes cannot share"
+             " (_share_filename_: only available on CPU); only num_workers=0 and thread workers are"
+             " searched")
+"""Why worker processes are left out for data that lives on the GPU."""
+
+
+def baseline_candidate(settings: dict[str, Any] | None, batch_size: int) -> Candidate:
+    """The candidate for DataLoader ``settings`` as a user writes them (``None``: PyTorch's defaults),
+    whatever the search space: the baseline is measured even outside it."""
+    s = dict(settings or {})
+    workers = int(s.get("num_workers") or 0)
+    return Candidate(
+        batch_size=int(s.get("batch_size") or batch_size),
+        num_workers=workers,
+        pin_memory=bool(s.get("pin_memory", False)),
+        prefetch_factor=(s.get("prefetch_factor") or 2) if workers else None,
+        persistent_workers=bool(s.get("persistent_workers", False)) and workers > 0,
+        in_order=bool(s.get("in_order", True)) or workers == 0,
     )
 
 
 def pretransform_choices(
     dataset: Any, requested: Sequence[str], *, device: torch.device, machine: MachineInfo,
-    budget_s: float, memory_budget_bytes: int | None = None,
+    budget_s: float | None, memory_budget_bytes: int | None = None,
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """(strategies the search may use, {refused strategy: reason}) for ``dataset``.
 
     A strategy is refused when the dataset cannot be cached, when the cache would not fit
     CACHE_BUDGET_FRACTION of the free memory (or, with ``memory_budget_bytes``, what that ceiling
     leaves above this process's memory now), or when its estimated build would take more than
-    MAX_BUILD_FRACTION of the budget.
+    MAX_BUILD_FRACTION of the budget (with a budget: the drop-in has none, and weighs a build against
+    what it can win instead).
     """
     ram_budget = int(CACHE_BUDGET_FRACTION * psutil.virtual_memory().available)
     if memory_budget_bytes is not None:
@@ -247,9 +297,9 @@ def pretransform_choices(
             if machine.accelerator_memory_bytes else None
         ),
     )
-    build_s = pt.estimate_build_s(dataset) if any(
+    build_s = pt.estimate_build_s(dataset) if budget_s is not None and any(
         reasons.get(s) is None for s in requested if s != "none") else None
-    if build_s is not None and build_s > MAX_BUILD_FRACTION * budget_s:
+    if build_s is not None and budget_s is not None and build_s > MAX_BUILD_FRACTION * budget_s:
         for s in requested:
             if s != "none" and reasons.get(s) is None:
                 reasons[s] = (

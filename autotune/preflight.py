@@ -24,8 +24,9 @@ from .exceptions import ConfigurationError
 
 PRETRANSFORM_CHOICES = ("auto", *pt.STRATEGIES)
 
-def check_dataset(dataset: Any) -> int | None:
-    """``len(dataset)`` checked, or ``None`` for an iterable dataset without one."""
+def check_dataset(dataset: Any, *, allow_empty: bool = False) -> int | None:
+    """``len(dataset)`` checked, or ``None`` for an iterable dataset without one. An empty dataset is
+    refused unless ``allow_empty`` (the drop-in accepts it, as torch does, and serves nothing)."""
     if isinstance(dataset, IterableDataset):
         return dataset_length(dataset)
     if not hasattr(dataset, "__getitem__"):
@@ -45,7 +46,7 @@ def check_dataset(dataset: Any) -> int | None:
             f"dataset of type {type(dataset).__name__} has __getitem__ but no __len__; add"
             " __len__, or make it an IterableDataset."
         )
-    if n == 0:
+    if n == 0 and not allow_empty:
         raise ConfigurationError(
             f"dataset of type {type(dataset).__name__} is empty (len 0); there is nothing to load."
         )
@@ -88,6 +89,37 @@ def resolve_pretransforms(pretransform: str | Sequence[str]) -> tuple[str, ...]:
     if "auto" in names:
         return pt.STRATEGIES
     return tuple(dict.fromkeys(names))
+
+
+LOADER_SETTINGS = {
+    "batch_size": "a positive integer",
+    "num_workers": "a non-negative integer",
+    "pin_memory": "True or False",
+    "prefetch_factor": "a positive integer or None",
+    "persistent_workers": "True or False",
+    "in_order": "True or False",
+}
+"""The DataLoader settings a baseline may give, and the rule for each."""
+
+
+def check_loader_settings(name: str, settings: Any) -> None:
+    """Refuse DataLoader settings that torch's DataLoader would refuse, naming the value and the rule."""
+    if not isinstance(settings, dict):
+        raise ConfigurationError(
+            f"{name}={settings!r} must be a dict of DataLoader settings, e.g. {{'num_workers': 4}}.")
+    for key, value in settings.items():
+        rule = LOADER_SETTINGS.get(key)
+        if rule is None:
+            raise ConfigurationError(
+                f"{name} has {key}={value!r}; the settings it may give are {sorted(LOADER_SETTINGS)}.")
+        ints = {"batch_size": 1, "num_workers": 0, "prefetch_factor": 1}
+        if key in ints:
+            ok = (value is None and key == "prefetch_factor") or (
+                isinstance(value, int) and not isinstance(value, bool) and value >= ints[key])
+        else:
+            ok = isinstance(value, bool)
+        if not ok:
+            raise ConfigurationError(f"{name} has {key}={value!r}, which must be {rule}.")
 
 
 def check_callable(name: str, value: Any, fix: str) -> None:
@@ -138,14 +170,20 @@ class _StructurePickler(pickle.Pickler):
         return NotImplemented
 
 
-def start_method() -> str:
-    """The start method DataLoader workers will use, without fixing the process-wide default."""
+def start_method(context: Any = None) -> str:
+    """The start method DataLoader workers will use (the loader's ``multiprocessing_context``, a
+    context or its name, else the process-wide default, without fixing it)."""
+    if isinstance(context, str):
+        return context
+    if context is not None and hasattr(context, "get_start_method"):
+        return str(context.get_start_method())
     return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
 
 
-def unpicklable_reason(dataset: Any, collate_fn: Any) -> str | None:
-    """Why workers cannot receive the dataset (or collate_fn) under a start method that pickles them."""
-    method = start_method()
+def unpicklable_reason(dataset: Any, collate_fn: Any, context: Any = None) -> str | None:
+    """Why workers cannot receive the dataset (or collate_fn) under a start method that pickles them
+    (``context``: the loader's multiprocessing context or its name; ``None``: the default)."""
+    method = start_method(context)
     if method == "fork":
         return None  # forked workers inherit the objects; nothing is pickled
     for name, obj in (("dataset", dataset), ("collate_fn", collate_fn)):

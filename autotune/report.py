@@ -1,6 +1,6 @@
 """What a tuning run found, for people and for machines: the trial table, a summary, JSON and a plot.
 
-Everything here reads a :class:`~autotune.api.TuneResult` and its :class:`~autotune.study.TrialRecord`
+Everything here reads a :class:`~autotune.result.TuneResult` and its :class:`~autotune.decide.TrialRecord`
 objects; nothing measures. matplotlib is imported only by :func:`plot`, and draws on an Agg canvas of
 its own, so a plot never changes the backend a notebook or script has chosen.
 """
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from .profiles import mask_url
 
 if TYPE_CHECKING:
-    from .api import TuneResult
-    from .study import TrialRecord
+    from .decide import TrialRecord
+    from .result import TuneResult
 
 REASON_WIDTH = 92
 """Characters of a failure reason shown under the table: one line of a 100-column terminal."""
@@ -153,6 +153,16 @@ def measurements_of_best(result: TuneResult) -> int:
     return sum(1 for t in result.trials if t.state == "complete" and t.candidate == chosen)
 
 
+def baseline_text(result: TuneResult) -> str:
+    """What the speed-up is against: the user's settings, or PyTorch's defaults."""
+    kwargs = {k: v for k, v in (result.baseline_kwargs or {}).items() if k != "batch_size"}
+    defaults = {"num_workers": 0, "pin_memory": False}
+    if not kwargs or kwargs == defaults:
+        return "PyTorch's defaults"
+    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if defaults.get(k, object()) != v)
+    return f"your settings ({shown})"
+
+
 def summary(result: TuneResult) -> dict[str, Any]:
     """The headline figures as JSON-able values (the ``"summary"`` of :func:`to_json`)."""
     return {
@@ -161,8 +171,15 @@ def summary(result: TuneResult) -> dict[str, Any]:
         "torch_threads": result.torch_threads,
         "code": loader_code(result),
         "samples_per_s": result.samples_per_s,
+        "baseline_kwargs": result.baseline_kwargs,
         "baseline_samples_per_s": result.baseline_samples_per_s,
         "speedup": result.speedup,
+        "speedup_low": result.speedup_low,
+        "speedup_high": result.speedup_high,
+        "confidence": result.confidence,
+        "kept_baseline": result.kept_baseline,
+        "decision": result.decision,
+        "load_average": result.load_average,
         "spread": result.spread,
         "busy": result.busy,
         "wait_fraction": result.wait_fraction,
@@ -209,21 +226,27 @@ def summary_text(result: TuneResult) -> str:
     n = measurements_of_best(result)
     basis = f"median of {n} measurement{'s' if n != 1 else ''}" if n else "stored figures"
     lines.append(f"Throughput:  {result.samples_per_s:,.0f} samples/s ({basis}, spread {result.spread:.0%})")
+    against = baseline_text(result)
     if result.speedup is not None and result.baseline_samples_per_s is not None:
         steady = (
             f"; {result.throughput_speedup:.2f}x in steady-state samples/s"
             if result.throughput_speedup is not None else ""
         )
+        lines += textwrap.wrap(
+            f"Speed-up:    {result.speedup_text()} over {against} for {result.epochs} epochs,"
+            f" start-up and cache build included{steady}", width=TEXT_WIDTH, subsequent_indent=" " * 13)
         lines.append(
-            f"Speed-up:    {result.speedup:.2f}x over PyTorch's defaults for {result.epochs} epochs,"
-            f" start-up and cache build included{steady}"
-        )
-        lines.append(
-            f"             (defaults: {result.baseline_samples_per_s:,.0f} samples/s, measured in"
+            f"             (baseline: {result.baseline_samples_per_s:,.0f} samples/s, measured in"
             " the same run)"
         )
     else:
-        lines.append("Speed-up:    not known (PyTorch's defaults could not be measured)")
+        lines.append(f"Speed-up:    not known ({against} could not be measured)")
+    if result.decision:
+        lines += textwrap.wrap(f"Decision:    {result.decision}", width=TEXT_WIDTH,
+                               subsequent_indent=" " * 13)
+    if result.load_average is not None:
+        lines.append(f"Load:        {result.load_average:.2f} per usable CPU when tuning ended"
+                     + (" (a busy machine: figures are noisier)" if result.load_average > 0.75 else ""))
     lines.append(f"Diagnosis:   {result.diagnosis()}")
     if result.from_cache:
         lines.append(
@@ -290,8 +313,8 @@ def _series(result: TuneResult) -> dict[tuple[int, str], dict[int, list[tuple[fl
 def plot(result: TuneResult, path: str | Path) -> str:
     """Throughput and busy fraction against ``num_workers``, one series per batch size and pretransform.
 
-    Every measurement is a dot; the line joins the median at each worker count. PyTorch's defaults
-    and the chosen configuration are marked. Saved as an image at ``path`` (PNG unless the suffix
+    Every measurement is a dot; the line joins the median at each worker count. The baseline and the
+    chosen configuration are marked. Saved as an image at ``path`` (PNG unless the suffix
     says otherwise); returns the path.
     """
     try:
@@ -319,7 +342,7 @@ def plot(result: TuneResult, path: str | Path) -> str:
 
     if result.baseline_samples_per_s is not None:
         ax_sps.axhline(result.baseline_samples_per_s, color="0.4", linestyle=":", linewidth=1,
-                       label="PyTorch defaults")
+                       label=f"baseline ({baseline_text(result)})")
     if result.loader_kwargs and result.samples_per_s > 0:
         w = int(result.loader_kwargs.get("num_workers", 0))
         ax_sps.scatter([w], [result.samples_per_s], marker="*", s=220, color="gold",
@@ -342,7 +365,7 @@ def plot(result: TuneResult, path: str | Path) -> str:
         ax_sps.legend(fontsize="small")
     else:
         ax_sps.text(0.5, 0.5, "no complete trials", ha="center", va="center", transform=ax_sps.transAxes)
-    speed = f", {result.speedup:.2f}x PyTorch's defaults" if result.speedup is not None else ""
+    speed = f", {result.speedup:.2f}x {baseline_text(result)}" if result.speedup is not None else ""
     fig.suptitle(f"autotune: {result.samples_per_s:,.0f} samples/s{speed} on {result.device}")
     out = str(path)
     fig.savefig(out, dpi=100)

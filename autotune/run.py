@@ -34,6 +34,7 @@ import os
 import runpy
 import statistics
 import sys
+import textwrap
 import time
 import weakref
 from collections.abc import Iterator
@@ -46,9 +47,9 @@ import torch
 import torch.utils.data as tud
 import torch.utils.data.dataloader as tud_dataloader
 
-from . import loader as online
-from .api import TuneResult
-from .report import TEXT_WIDTH
+from . import loader as dropin
+from .report import TEXT_WIDTH, baseline_text
+from .result import TuneResult
 from .space import Candidate
 
 EXIT_OK = 0
@@ -120,7 +121,7 @@ class LoaderRecord:
     settled: bool = False
     tuning: TuneResult | None = None
 
-    def copy_state(self, loader: online.DataLoader) -> None:
+    def copy_state(self, loader: dropin.DataLoader) -> None:
         self.served_batches = loader.served_batches
         self.settled = loader.settled
         with contextlib.suppress(Exception):
@@ -129,7 +130,7 @@ class LoaderRecord:
     @property
     def tunable(self) -> bool:
         """Whether one epoch is long enough to tune (a stream without a length is assumed to be)."""
-        return self.epoch_batches is None or self.epoch_batches >= online.MIN_TUNE_BATCHES
+        return self.epoch_batches is None or self.epoch_batches >= dropin.MIN_TUNE_BATCHES
 
     @property
     def status(self) -> str:
@@ -138,7 +139,7 @@ class LoaderRecord:
             return "from-profile"
         if self.served_batches == 0:
             return "not-iterated"
-        if self.served_batches < online.MIN_TUNE_BATCHES:
+        if self.served_batches < dropin.MIN_TUNE_BATCHES:
             return "too-short"
         if self.tuning is None or not self.tuning.trials:
             return "unmeasured"
@@ -162,7 +163,7 @@ class RunOutcome:
         return [r for r in self.loaders if not r.replaced]
 
 
-class _Session(online.Listener):
+class _Session(dropin.Listener):
     """Hears of every drop-in loader the script builds, and stops the script when asked to."""
 
     def __init__(self, *, main_file: str | None, stop_when_tuned: bool, progress: TextIO | None) -> None:
@@ -170,11 +171,11 @@ class _Session(online.Listener):
         self.stop_when_tuned = stop_when_tuned
         self.progress = progress
         self.records: list[LoaderRecord] = []
-        self._by_id: dict[int, tuple[weakref.ref[online.DataLoader], LoaderRecord]] = {}
+        self._by_id: dict[int, tuple[weakref.ref[dropin.DataLoader], LoaderRecord]] = {}
 
     # -- the listener ------------------------------------------------------------------------------
 
-    def built(self, loader: online.DataLoader) -> None:
+    def built(self, loader: dropin.DataLoader) -> None:
         builder, called_from, parent = self._look_up_the_stack(loader)
         record = LoaderRecord(
             number=sum(not r.replaced for r in self.records) + 1, origin=_shown_origin(loader.origin),
@@ -199,21 +200,22 @@ class _Session(online.Listener):
             self._say(f"the DataLoader at {record.origin} starts at its stored profile"
                       f" ({_label(record.tuning.candidate)})")
 
-    def settled(self, loader: online.DataLoader) -> None:
+    def settled(self, loader: dropin.DataLoader) -> None:
         record = self._record(loader)
         if record is None:
             return  # settled from a profile inside its constructor: built() follows
         record.copy_state(loader)
         if record.status == "tuned" and record.tuning is not None:
-            speed = (f", {record.tuning.throughput_speedup:.2f}x PyTorch's defaults in samples/s"
-                     if record.tuning.throughput_speedup else "")
-            self._say(f"the DataLoader at {record.origin} settled on {_label(record.tuning.candidate)}"
-                      f"{speed}")
+            result = record.tuning
+            speed = (f", {result.speedup_text()} {baseline_text(result)}"
+                     if result.speedup is not None and not result.kept_baseline else
+                     ", the script's own settings (nothing beat them with confidence)")
+            self._say(f"the DataLoader at {record.origin} settled on {_label(result.candidate)}{speed}")
         self._maybe_stop()
 
     # -- from the stand-in loader ------------------------------------------------------------------
 
-    def iterating(self, loader: online.DataLoader) -> None:
+    def iterating(self, loader: dropin.DataLoader) -> None:
         record = self._record(loader)
         if record is None:
             return
@@ -221,14 +223,14 @@ class _Session(online.Listener):
         if loader.settled:
             self._maybe_stop()
 
-    def collected(self, loader: online.DataLoader) -> None:
+    def collected(self, loader: dropin.DataLoader) -> None:
         record = self._record(loader)
         if record is not None:
             record.copy_state(loader)
 
     # -- the end -----------------------------------------------------------------------------------
 
-    def live_loaders(self) -> list[tuple[online.DataLoader, LoaderRecord]]:
+    def live_loaders(self) -> list[tuple[dropin.DataLoader, LoaderRecord]]:
         out = []
         for ref, record in list(self._by_id.values()):
             loader = ref()
@@ -250,7 +252,7 @@ class _Session(online.Listener):
 
     # -- helpers -----------------------------------------------------------------------------------
 
-    def _record(self, loader: online.DataLoader) -> LoaderRecord | None:
+    def _record(self, loader: dropin.DataLoader) -> LoaderRecord | None:
         entry = self._by_id.get(id(loader))
         return entry[1] if entry is not None and entry[0]() is loader else None
 
@@ -273,7 +275,7 @@ class _Session(online.Listener):
             record.copy_state(loader)
         raise StopScript("every DataLoader the script iterates is tuned (--stop-when-tuned)")
 
-    def _look_up_the_stack(self, loader: online.DataLoader) -> tuple[str, str | None, LoaderRecord | None]:
+    def _look_up_the_stack(self, loader: dropin.DataLoader) -> tuple[str, str | None, LoaderRecord | None]:
         """The module that built ``loader``, the script's line the build came from, and the loader a
         library rebuilt into this one (see NOTE [ autotune run ])."""
         builder = "?"
@@ -294,10 +296,10 @@ class _Session(online.Listener):
         del frame
         return builder, called_from, parent
 
-    def _rebuilt_from(self, frame: FrameType, loader: online.DataLoader) -> LoaderRecord | None:
+    def _rebuilt_from(self, frame: FrameType, loader: dropin.DataLoader) -> LoaderRecord | None:
         """A loader of the same dataset, never iterated, held by a library frame building ``loader``."""
         for value in frame.f_locals.values():
-            if isinstance(value, online.DataLoader) and value is not loader:
+            if isinstance(value, dropin.DataLoader) and value is not loader:
                 record = self._record(value)
                 if (record is not None and not record.replaced and value.served_batches == 0
                         and value.dataset is loader.dataset):
@@ -354,7 +356,7 @@ class _StandInMeta(type):
         return type.__subclasscheck__(cls, sub)
 
 
-def _stand_in(session: _Session) -> type[online.DataLoader]:
+def _stand_in(session: _Session) -> type[dropin.DataLoader]:
     """The class ``torch.utils.data.DataLoader`` stands for while the script runs.
 
     Only the loaders built by calling it are tuned. A class that subclasses it (the script's own
@@ -363,8 +365,8 @@ def _stand_in(session: _Session) -> type[online.DataLoader]:
     """
     original = tud.DataLoader
 
-    class DataLoader(online.DataLoader, metaclass=_StandInMeta):
-        __doc__ = online.DataLoader.__doc__
+    class DataLoader(dropin.DataLoader, metaclass=_StandInMeta):
+        __doc__ = dropin.DataLoader.__doc__
         explicit_settings_are_fixed = False
         _is_stand_in = True
 
@@ -387,7 +389,7 @@ def _stand_in(session: _Session) -> type[online.DataLoader]:
 
 
 @contextlib.contextmanager
-def _patched(replacement: type[online.DataLoader]) -> Iterator[None]:
+def _patched(replacement: type[dropin.DataLoader]) -> Iterator[None]:
     """``torch.utils.data.DataLoader`` is ``replacement`` inside the block, and torch's after it."""
     original = tud.DataLoader
     tud.DataLoader = replacement  # type: ignore[misc]
@@ -474,7 +476,7 @@ def run(target: Target, *, json_path: str | None = None, stop_when_tuned: bool =
     session = _Session(main_file=None, stop_when_tuned=stop_when_tuned,
                        progress=None if quiet else err_out)
     started = time.perf_counter()
-    online.add_listener(session)
+    dropin.add_listener(session)
     try:
         with _patched(_stand_in(session)):
             try:
@@ -494,7 +496,7 @@ def run(target: Target, *, json_path: str | None = None, stop_when_tuned: bool =
                 outcome.ended, outcome.exit_code = "raised", EXIT_FAILED
                 outcome.error = f"{type(err).__name__}: {err}"
     finally:
-        online.remove_listener(session)
+        dropin.remove_listener(session)
         session.close_all()
         outcome.seconds = time.perf_counter() - started
         outcome.loaders = session.records
@@ -583,34 +585,6 @@ def _paste(kwargs: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k != "batch_size")
 
 
-def _own_setting_speedup(record: LoaderRecord) -> tuple[float | None, str]:
-    """The best's steady-state samples/s over the script's own setting's, when it was measured."""
-    result = record.tuning
-    assert result is not None
-    s = record.script_settings
-    workers = s.get("num_workers", 0)
-    if not isinstance(workers, int) or isinstance(workers, bool):
-        return None, "the script's own setting is not a worker count"
-    prefetch = s.get("prefetch_factor") or 2
-
-    def own(t: Any) -> bool:
-        c = t.candidate
-        if c.pretransform != "none" or c.torch_threads is not None or c.num_workers != workers:
-            return False
-        return workers == 0 or (c.worker_kind == "process" and c.prefetch_factor == prefetch)
-
-    mine = [t.measurement.samples_per_s for t in result.trials
-            if t.state == "complete" and t.measurement is not None and own(t)]
-    if not mine:
-        cpus = result.machine.get("usable_cpus")
-        if isinstance(cpus, int) and workers > cpus:
-            return None, (f"its num_workers={workers} is more worker processes than this machine's"
-                          f" {cpus} usable CPUs, which the search does not try")
-        return None, f"its num_workers={workers} was not among the configurations measured"
-    base = statistics.median(mine)
-    return (result.samples_per_s / base if base > 0 else None), ""
-
-
 def _loader_section(record: LoaderRecord) -> list[str]:
     where = f"DataLoader {record.number}, built at {record.origin}"
     if record.called_from and record.called_from != record.origin:
@@ -627,7 +601,7 @@ def _loader_section(record: LoaderRecord) -> list[str]:
     if status == "too-short":
         lines.append(
             f"  iterated too little to tune: {record.served_batches} batch"
-            f"{'es' if record.served_batches != 1 else ''} served, {online.MIN_TUNE_BATCHES} needed;"
+            f"{'es' if record.served_batches != 1 else ''} served, {dropin.MIN_TUNE_BATCHES} needed;"
             " nothing is recommended for it"
         )
         return lines
@@ -640,21 +614,22 @@ def _loader_section(record: LoaderRecord) -> list[str]:
     c = result.candidate
     head = {"from-profile": "best (stored profile)", "tuned": "best found", "exploring":
             "best so far (provisional: the script ended while it was still exploring)"}[status]
-    lines.append(f"  {head}: {_label(c)}")
-    if result.throughput_speedup is not None and result.baseline_samples_per_s is not None:
-        lines.append(
-            f"  speed-up: {result.throughput_speedup:.2f}x PyTorch's defaults in steady-state samples/s"
-            f" ({result.samples_per_s:,.0f} vs {result.baseline_samples_per_s:,.0f})"
-        )
-        if result.speedup is not None:
-            lines.append(f"            {result.speedup:.2f}x over {result.epochs} epochs, start-up and any"
-                         " cache build included; both measured side by side"
-                         f"{' when the profile was stored' if status == 'from-profile' else ''}")
-    mine, why = _own_setting_speedup(record)
-    if mine is not None:
-        lines.append(f"  over the script's own setting: {mine:.2f}x in steady-state samples/s")
-    elif status != "from-profile":
-        lines.append(f"  over the script's own setting: not known: {why}")
+    kept = " (the script's own settings: nothing beat them with confidence)" if result.kept_baseline else ""
+    lines.append(f"  {head}: {_label(c)}{kept}")
+    against = baseline_text(result)
+    if result.speedup is not None and result.baseline_samples_per_s is not None:
+        lines.append(f"  speed-up: {result.speedup_text()} {against} over {result.epochs} epochs, start-up"
+                     " and any cache build included; both measured side by side"
+                     f"{' when the profile was stored' if status == 'from-profile' else ''}")
+        if result.throughput_speedup is not None:
+            lines.append(f"            {result.throughput_speedup:.2f}x in steady-state samples/s"
+                         f" ({result.samples_per_s:,.0f} vs {result.baseline_samples_per_s:,.0f})")
+    if result.decision and status != "from-profile":
+        lines += textwrap.wrap(f"  decision: {result.decision}", width=TEXT_WIDTH,
+                               subsequent_indent=" " * 12)
+    if result.kept_baseline:
+        lines.append("  nothing to change in the script")
+        return lines
     lines += _paste_lines(record, result)
     if status == "exploring":
         lines.append("  not stored as a profile: the next run explores again (train longer to settle)")
@@ -730,11 +705,10 @@ def to_dict(outcome: RunOutcome) -> dict[str, Any]:
             "number": r.number, "origin": r.origin, "called_from": r.called_from, "builder": r.builder,
             "rebuilt_at": r.rebuilt_at, "script_settings": r.script_settings, "batch_size": r.batch_size,
             "epoch_batches": r.epoch_batches, "served_batches": r.served_batches,
-            "min_tune_batches": online.MIN_TUNE_BATCHES, "status": r.status, "settled": r.settled,
+            "min_tune_batches": dropin.MIN_TUNE_BATCHES, "status": r.status, "settled": r.settled,
         }
         measured = r.status in ("tuned", "exploring", "from-profile") and r.tuning is not None
         if measured and r.tuning is not None:
-            own, _ = _own_setting_speedup(r)
             entry.update(
                 best=r.tuning.loader_kwargs, best_label=_label(r.tuning.candidate),
                 loader_class=r.tuning.candidate.loader_class, pretransform=r.tuning.pretransform,
@@ -744,7 +718,10 @@ def to_dict(outcome: RunOutcome) -> dict[str, Any]:
                 training_args=_plain(r.tuning).training_args(), samples_per_s=r.tuning.samples_per_s,
                 baseline_samples_per_s=r.tuning.baseline_samples_per_s,
                 throughput_speedup=r.tuning.throughput_speedup, speedup=r.tuning.speedup,
-                speedup_over_script=own, profile_key=r.tuning.key, from_cache=r.tuning.from_cache,
+                speedup_low=r.tuning.speedup_low, speedup_high=r.tuning.speedup_high,
+                confidence=r.tuning.confidence, kept_baseline=r.tuning.kept_baseline,
+                baseline_kwargs=r.tuning.baseline_kwargs, decision=r.tuning.decision,
+                profile_key=r.tuning.key, from_cache=r.tuning.from_cache,
                 tuning=r.tuning.to_dict(),
             )
         loaders.append(entry)

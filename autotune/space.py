@@ -217,11 +217,6 @@ class SearchSpace:
                 " in-order delivery is always possible, out-of-order only where it is searched."
             )
 
-    @property
-    def worker_choices(self) -> range:
-        """Worker-process counts, 0 (no workers) included."""
-        return range(0, self.max_workers + 1)
-
     def worker_kinds(self, pretransform: str = "none") -> tuple[str, ...]:
         """The kinds of workers that exist with ``pretransform`` (worker processes never share the
         ``device`` cache)."""
@@ -421,12 +416,14 @@ def build_space(
     thread_workers: bool = False,
     max_threads: int | None = None,
     in_order_choices: Sequence[bool] = (True,),
+    persistent: bool | None = None,
 ) -> SearchSpace:
     """The space for this machine and the user's fixed choices.
 
     ``max_workers`` bounds the worker processes (0 where they cannot be used); ``thread_workers``
     says whether thread workers apply (map-style datasets), ``max_threads`` bounds them below the
-    machine's :func:`thread_bound`; ``in_order_choices`` comes from :func:`resolve_in_order`.
+    machine's :func:`thread_bound`; ``in_order_choices`` comes from :func:`resolve_in_order`;
+    ``persistent`` is ``persistent_workers`` as the user fixed it (``None``: more than one epoch).
     """
     sizes, baseline = resolve_batch_sizes(batch_size, dataset_len)
     bound = worker_bound(machine.usable_cpus, local_world_size)
@@ -446,7 +443,7 @@ def build_space(
         cuda=cuda,
         pretransforms=pts or ("none",),
         torch_threads=(None,) if cuda else thread_choices(machine, local_world_size),
-        persistent=epochs > 1,
+        persistent=epochs > 1 if persistent is None else persistent,
         baseline_batch_size=baseline,
         excluded=dict(excluded or {}),
         max_threads=threads,

@@ -1,62 +1,62 @@
-"""The search: an Optuna study over the space, the only module that imports Optuna.
+"""The offline search: an Optuna study over the space, the only module that imports Optuna.
 
 # NOTE [ Search ]
-# 1. PyTorch's defaults (the baseline) are measured first, so every later figure has a reference from
-#    the same run. Strategies the pre-transform module refused are recorded as infeasible trials.
+# 1. The baseline (what the user runs; PyTorch's defaults unless told otherwise) is measured first,
+#    even where it lies outside the space, so every later figure has a reference from the same run.
+#    Strategies the pre-transform module refused are recorded as infeasible trials.
 # 2. An Optuna study (TPE, seeded) proposes candidates, warm-started first with the workers that would
-#    keep the step busy as estimated from the baseline (load time over step time, estimate_workers;
-#    the drop-in DataLoader starts its exploration from the same estimate), then with points that span
-#    the worker range: the cores-based rule of thumb, one worker per core, and the worker bound. Each
-#    candidate is measured for real; a failing candidate becomes a failed trial with its reason and the
-#    search goes on. A candidate whose running throughput falls below PRUNE_RATIO of the best so far
-#    is pruned. An out-of-memory error at a batch size makes that batch size and larger ones infeasible.
-#    The search stops early once PATIENCE candidates in a row after the warm starts brought no better
-#    score: the budget is a ceiling, not a target.
-# 3. At most FINAL_FRACTION of the budget re-measures the finalists (the best few, plus the baseline)
-#    in interleaved rounds: at least MIN_FINAL_ROUNDS, and no more once a round leaves the pick as it
-#    was. Each one's figures are the medians over its measurements, the winner has the best median
-#    score, and among candidates within TIE_TOLERANCE of it the one with fewer workers, then in-order
-#    delivery (batches in the sampler's order unless that is clearly slower; an out-of-order leader
-#    is re-measured beside its in-order twin), then less memory wins. The speed-up is the winner's
-#    score over the baseline's, both taken from the same rounds.
-#
-# NOTE [ Score ]
-# A candidate's score is the throughput of a whole training run of `epochs` epochs over N samples:
-#     score = epochs * N / (build_s + startup_s * (1 if persistent_workers else epochs)
-#                           + epochs * N / samples_per_s)
-# so a pre-transform cache pays its build once, workers that are not persistent pay their start-up
-# every epoch, and with batch sizes that differ the comparison is per sample, never per step.
+#    keep the step busy as estimated from the baseline (load time over step time,
+#    decide.estimate_workers; the drop-in starts its exploration from the same estimate), then with
+#    points that span the worker range: the cores-based rule of thumb, one worker per core, and the
+#    worker bound. Each candidate is measured for real; a failing candidate becomes a failed trial with
+#    its reason and the search goes on. A candidate whose running throughput falls below
+#    decide.PRUNE_RATIO of the best so far is pruned. An out-of-memory error at a batch size makes
+#    that batch size and larger ones infeasible. The search stops early once PATIENCE candidates in a
+#    row after the warm starts brought no better score: the budget is a ceiling, not a target.
+# 3. At most FINAL_FRACTION of the budget re-measures the finalists and the baseline in interleaved
+#    rounds (decide.Ledger.finalists): at least MIN_FINAL_ROUNDS, and more, up to MAX_FINAL_ROUNDS,
+#    while a round still changes the pick or the pick's verdict against the baseline is undecided.
+#    The decision is decide.Ledger.decide (NOTE [ Decisions ] in decide.py), the one the drop-in uses.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
 import torch
 
+from .decide import (
+    PRUNE_RATIO,
+    TIE_TOLERANCE,
+    Decision,
+    Ledger,
+    Phase,
+    Summary,
+    TrialRecord,
+    describe_error,
+    estimate_workers,
+    is_oom,
+)
 from .describe import jsonable
-from .exceptions import CandidateError, ProfileStoreWarning, TrialPruned, TuningFailed
-from .measure import MeasureLimits, Measurement, measure
+from .exceptions import CandidateError, ProfileStoreWarning, TrialPruned
+from .measure import Measurement, measure
 from .profiles import mask_url
 from .progress import Progress
 from .space import Candidate, SearchSpace
+from .supervise import MeasureLimits
 
 log = logging.getLogger(__name__)
 
 FINAL_FRACTION = 0.25
 """Share of the budget kept for re-measuring the finalists side by side."""
-
-FINALISTS = 3
-"""How many of the best candidates are re-measured (the baseline always is, too)."""
 
 MAX_FINAL_ROUNDS = 5
 """Re-measurement rounds at most; more only narrows an already small spread."""
@@ -68,65 +68,8 @@ PATIENCE = 10
 """Searched candidates in a row without a better score (by TIE_TOLERANCE) after which the search
 has converged and stops early, leaving the rest of the budget unspent."""
 
-PRUNE_RATIO = 0.5
-"""A candidate running below this fraction of the best throughput so far is stopped early."""
-
-TIE_TOLERANCE = 0.03
-"""Scores within 3 % are a tie on a shared machine; the cheaper candidate (fewer workers) wins."""
-
 MAX_IDLE_PROPOSALS = 40
 """Consecutive proposals that were duplicates or infeasible after which the space counts as explored."""
-
-_OOM_MARKERS = ("out of memory", "CUDA error: out of memory", "DefaultCPUAllocator: can't allocate")
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """One candidate tried: its configuration and either its measurement or why it has none."""
-
-    number: int
-    phase: str  # "baseline" | "search" | "final"
-    candidate: Candidate
-    state: str  # "complete" | "failed" | "pruned" | "infeasible"
-    measurement: Measurement | None = None
-    score: float | None = None
-    reason: str | None = None
-    duration_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["candidate"] = self.candidate.to_dict()
-        data["measurement"] = self.measurement.to_dict() if self.measurement else None
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
-        m = data.get("measurement")
-        return cls(
-            number=int(data["number"]),
-            phase=str(data["phase"]),
-            candidate=Candidate.from_dict(data["candidate"]),
-            state=str(data["state"]),
-            measurement=Measurement.from_dict(m) if m else None,
-            score=data.get("score"),
-            reason=data.get("reason"),
-            duration_s=float(data.get("duration_s", 0.0)),
-        )
-
-
-@dataclass(frozen=True)
-class Summary:
-    """One candidate over all its measurements: the medians of throughput, busy and wait fractions
-    and score; ``spread`` = (max - min) / median of the throughput; the highest peak memory."""
-
-    candidate: Candidate
-    samples_per_s: float
-    busy: float
-    wait_fraction: float
-    score: float
-    spread: float
-    peak_memory_bytes: int
-
 
 @dataclass(frozen=True)
 class SearchSettings:
@@ -148,45 +91,27 @@ class SearchSettings:
     """Pre-transform strategies refused for this dataset, with the reason (recorded as trials)."""
     started_at: float | None = None
     """``time.monotonic()`` when the caller's budget began; the search's own start when ``None``."""
+    baseline: Candidate | None = None
+    """What the user runs (NOTE [ Decisions ] 1 in decide.py); ``None``: PyTorch's defaults at the
+    space's baseline batch size. Measured even where it lies outside the space."""
 
 
 @dataclass(frozen=True)
 class SearchOutcome:
-    """What a search found: the pick, the baseline from the same finals, every trial."""
+    """What a search found: the decision (chosen, baseline, verdict) and every trial."""
 
-    best: Summary
-    baseline: Summary | None
-    speedup: float | None
+    decision: Decision
     trials: tuple[TrialRecord, ...]
     study_name: str | None
 
+    @property
+    def best(self) -> Summary:
+        """The configuration to use: the challenger that won with confidence, else the baseline."""
+        return self.decision.chosen
 
-def score(m: Measurement, c: Candidate, dataset_len: int | None, epochs: int) -> float:
-    """See NOTE [ Score ]."""
-    if m.samples_per_s <= 0:
-        return 0.0
-    if dataset_len is None:
-        return m.samples_per_s
-    startups = 1 if (c.persistent_workers and c.num_workers > 0) else epochs
-    total = m.build_s + m.startup_s * startups + epochs * dataset_len / m.samples_per_s
-    return epochs * dataset_len / total
-
-
-def _is_oom(err: BaseException) -> bool:
-    if isinstance(err, MemoryError) and not isinstance(err, CandidateError):
-        return True
-    oom_type = getattr(torch, "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(err, oom_type):
-        return True
-    return isinstance(err, RuntimeError) and any(s in str(err) for s in _OOM_MARKERS)
-
-
-def describe_error(err: BaseException) -> str:
-    """``Type: message`` on one line; for an error re-raised from a worker, the original's last line."""
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    if len(lines) > 1 and ("worker process" in lines[0] or "thread worker" in lines[0]):
-        return f"{type(err).__name__} in a worker: {lines[-1][:300]}"
-    return f"{type(err).__name__}: {(lines or [''])[0][:300]}"
+    @property
+    def baseline(self) -> Summary | None:
+        return self.decision.baseline
 
 
 def _worker_param(space: SearchSpace, pretransform: str, kind: str) -> tuple[str, int] | None:
@@ -264,17 +189,6 @@ def suggest(trial: optuna.Trial, space: SearchSpace) -> Candidate:
                      **space.workers(kind, workers, prefetch, in_order))
 
 
-def estimate_workers(baseline: Measurement, bound: int) -> int:
-    """Workers that would keep the step busy, from a measurement without workers (NOTE [ Search ] 2).
-
-    Without workers a batch costs its load time L (the wait) plus the step S, one after the other;
-    with workers loading overlaps the step, and about ceil(L / S) of them are needed so that a batch
-    is always ready. Bounded by ``bound``; at least one.
-    """
-    step = max(baseline.step_ms, 1e-3)
-    return max(1, min(bound, math.ceil(baseline.wait_ms / step)))
-
-
 def warm_starts(space: SearchSpace, usable_cpus: int,
                 baseline: Measurement | None = None) -> list[Candidate]:
     """Points that span the worker range, so the sampler starts from informed corners; with the
@@ -333,107 +247,52 @@ def _quiet_optuna() -> Iterator[None]:
         logger.setLevel(old)
 
 
-class _Ledger:
-    """Every trial of one search so far, and the figures the phases decide on."""
-
-    def __init__(self, settings: SearchSettings, progress: Progress) -> None:
-        self.settings = settings
-        self.progress = progress
-        self.records: list[TrialRecord] = []
-        self.by_candidate: dict[Candidate, list[TrialRecord]] = {}
-        self.user_errors: list[tuple[BaseException, Candidate]] = []
-        self.best_sps = 0.0
-        self.best_score = 0.0
-
-    def record(self, c: Candidate, phase: str, state: str, *, m: Measurement | None = None,
-               reason: str | None = None, duration_s: float = 0.0) -> TrialRecord:
-        sc = score(m, c, self.settings.dataset_len, self.settings.epochs) if m is not None else None
-        rec = TrialRecord(len(self.records), phase, c, state, m, sc, reason, duration_s)
-        self.records.append(rec)
-        if m is not None and sc is not None:
-            self.by_candidate.setdefault(c, []).append(rec)
-            self.best_sps = max(self.best_sps, m.samples_per_s)
-            self.best_score = max(self.best_score, sc)
-        self.progress.update(label=c.label(), state=state,
-                             samples_per_s=m.samples_per_s if m else None,
-                             best=self.best_score or None, phase=phase)
-        if state != "complete":
-            log.info("%s trial %s: %s (%s)", phase, c.label(), state, reason)
-        return rec
-
-    def expected_trial_s(self) -> float:
-        done = [r.duration_s for r in self.records if r.state == "complete"]
-        if done:
-            return statistics.median(done)
-        return 2.0 * self.settings.limits.window_s + 1.0
-
-    def summarize(self, c: Candidate) -> Summary:
-        recs = self.by_candidate[c]
-        ms = [r.measurement for r in recs if r.measurement is not None]
-        sps = [m.samples_per_s for m in ms]
-        med = statistics.median(sps)
-        return Summary(
-            candidate=c,
-            samples_per_s=med,
-            busy=statistics.median(m.busy for m in ms),
-            wait_fraction=statistics.median(m.wait_fraction for m in ms),
-            score=statistics.median(r.score for r in recs if r.score is not None),
-            spread=(max(sps) - min(sps)) / med if med > 0 else 0.0,
-            peak_memory_bytes=max(m.peak_memory_bytes for m in ms),
-        )
-
-    def pick(self, finalists: list[Candidate]) -> Summary:
-        """The best median score; within TIE_TOLERANCE of it, fewer workers, in order, less memory."""
-        summaries = [self.summarize(c) for c in finalists if c in self.by_candidate]
-        top = max(s.score for s in summaries)
-        tied = [s for s in summaries if s.score >= (1.0 - TIE_TOLERANCE) * top]
-        return min(tied, key=lambda s: (s.candidate.num_workers, not s.candidate.in_order,
-                                        s.peak_memory_bytes, -s.score))
-
-    def failure(self) -> BaseException:
-        """The error to raise when nothing completed: the user's own, else a summary."""
-        if self.user_errors:
-            err, c = self.user_errors[0]
-            tried = sum(1 for r in self.records if r.state in ("failed", "pruned", "complete"))
-            err.add_note(
-                f"autotune: raised under candidate {c.label()}; every one of the {tried}"
-                " candidates tried failed, so this is most likely a bug in the dataset or step."
-            )
-            return err
-        reasons = sorted({r.reason or r.state for r in self.records})
-        return TuningFailed(
-            f"no candidate could be measured within budget_s={self.settings.budget_s:g}; reasons: "
-            + "; ".join(reasons[:5])
-            + ". Raise budget_s, or check the dataset with a plain DataLoader first."
-        )
-
-
 class _Runner:
     """Measures one candidate at a time, within what is left of the budget, into the ledger."""
 
     def __init__(self, dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpace,
-                 settings: SearchSettings, ledger: _Ledger, evaluate: Callable[..., Measurement]) -> None:
+                 settings: SearchSettings, ledger: Ledger, progress: Progress,
+                 evaluate: Callable[..., Measurement]) -> None:
         self.dataset = dataset
         self.step = step
         self.space = space
         self.settings = settings
         self.ledger = ledger
+        self.progress = progress
         self.evaluate = evaluate
         started = settings.started_at if settings.started_at is not None else time.monotonic()
         self.deadline = started + settings.budget_s
         self.oom_batch: int | None = None
+        self.baseline = settings.baseline or space.baseline()
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def run(self, c: Candidate, phase: str,
+    def expected_trial_s(self) -> float:
+        done = [r.duration_s for r in self.ledger.records if r.state == "complete"]
+        if done:
+            return statistics.median(done)
+        return 2.0 * self.settings.limits.window_s + 1.0
+
+    def record(self, c: Candidate, phase: Phase, state: Any, *, m: Measurement | None = None,
+               reason: str | None = None, duration_s: float = 0.0) -> TrialRecord:
+        rec = self.ledger.record(c, phase, state, m=m, reason=reason, duration_s=duration_s)
+        self.progress.update(label=c.label(), state=state,
+                             samples_per_s=m.samples_per_s if m else None,
+                             best=self.ledger.best_score or None, phase=phase)
+        if state != "complete":
+            log.info("%s trial %s: %s (%s)", phase, c.label(), state, reason)
+        return rec
+
+    def run(self, c: Candidate, phase: Phase,
             report: Callable[[int, float], None] | None = None) -> TrialRecord:
         ledger, settings = self.ledger, self.settings
-        reason = self.space.check(c)
+        # The baseline is what the user runs: measured even outside the space.
+        reason = self.space.check(c) if c != self.baseline else None
         if reason is not None:
-            return ledger.record(c, phase, "infeasible", reason=reason)
+            return self.record(c, phase, "infeasible", reason=reason)
         if self.oom_batch is not None and c.batch_size >= self.oom_batch:
-            return ledger.record(c, phase, "infeasible", reason=(
+            return self.record(c, phase, "infeasible", reason=(
                 f"batch_size={c.batch_size} >= {self.oom_batch}, which ran out of memory"))
         cap = max(1.0, min(settings.limits.trial_timeout_s, self.left()))
         limits = replace(settings.limits, trial_timeout_s=cap)
@@ -449,18 +308,17 @@ class _Runner:
                               progress=on_progress, shuffle=settings.shuffle,
                               collate_fn=settings.collate_fn, seed=settings.seed)
         except TrialPruned as err:
-            return ledger.record(c, phase, "pruned", reason=str(err),
-                                 duration_s=time.monotonic() - t0)
+            return self.record(c, phase, "pruned", reason=str(err), duration_s=time.monotonic() - t0)
         except CandidateError as err:
-            return ledger.record(c, phase, "failed", reason=f"{type(err).__name__}: {err}",
-                                 duration_s=time.monotonic() - t0)
+            return self.record(c, phase, "failed", reason=f"{type(err).__name__}: {err}",
+                               duration_s=time.monotonic() - t0)
         except Exception as err:  # the user's dataset or step: kept, re-raised if nothing works
             ledger.user_errors.append((err, c))
-            if _is_oom(err):
+            if is_oom(err):
                 self.oom_batch = min(self.oom_batch or c.batch_size, c.batch_size)
-            return ledger.record(c, phase, "failed", reason=describe_error(err),
-                                 duration_s=time.monotonic() - t0)
-        return ledger.record(c, phase, "complete", m=m, duration_s=time.monotonic() - t0)
+            return self.record(c, phase, "failed", reason=describe_error(err),
+                               duration_s=time.monotonic() - t0)
+        return self.record(c, phase, "complete", m=m, duration_s=time.monotonic() - t0)
 
 
 @contextlib.contextmanager
@@ -512,7 +370,7 @@ def _explore(runner: _Runner, space: SearchSpace, settings: SearchSettings,
         warm = len(starts)
         tried = 0  # searched candidates, repeats not counted
         best, best_at = ledger.best_score, 0
-        while idle < MAX_IDLE_PROPOSALS and runner.left() - final_reserve > ledger.expected_trial_s():
+        while idle < MAX_IDLE_PROPOSALS and runner.left() - final_reserve > runner.expected_trial_s():
             if tried > warm and tried - best_at >= PATIENCE:
                 log.info("search converged after %d candidates; stopping early", tried)
                 break
@@ -556,30 +414,20 @@ def _explore(runner: _Runner, space: SearchSpace, settings: SearchSettings,
     return study_name
 
 
-def _finals(runner: _Runner, space: SearchSpace, settings: SearchSettings) -> tuple[Summary, Summary | None]:
-    """Phase 3 of NOTE [ Search ]: re-measure the finalists; (the pick, the baseline's summary)."""
-    ledger = runner.ledger
-    baseline = space.baseline()
-    ranked = sorted(ledger.by_candidate, key=lambda c: -ledger.summarize(c).score)
-    finalists = [c for c in ranked if c != baseline][:FINALISTS]
-    if finalists and not finalists[0].in_order:
-        # An out-of-order leader is re-measured beside its in-order twin, so that it wins only
-        # where it is clearly faster (see pick).
-        twin = replace(finalists[0], in_order=True)
-        if twin not in finalists and space.check(twin) is None:
-            finalists.append(twin)
-    if baseline in ledger.by_candidate:
-        finalists.append(baseline)
+def _finals(runner: _Runner, space: SearchSpace, settings: SearchSettings) -> Decision:
+    """Phase 3 of NOTE [ Search ]: re-measure the finalists beside the baseline, then decide."""
+    ledger, baseline = runner.ledger, runner.baseline
+    finalists = ledger.finalists(baseline, space)
     if len(finalists) > 1:
-        # Interleaved rounds, each in a rotated order; the best-ranked go first in round one,
-        # so a budget that allows only part of a round still re-measures the leader and baseline.
+        # Interleaved rounds, each in a rotated order; the best-ranked go first in round one, so a
+        # budget that allows only part of a round still re-measures the leader and the baseline.
         leader = ledger.by_candidate[finalists[0]]  # stands in for a twin not measured yet
         cost = {c: statistics.median(r.duration_s for r in ledger.by_candidate.get(c, leader))
                 for c in finalists}
-        first = [finalists[0], *([baseline] if baseline in cost else []), *finalists[1:]]
-        first = list(dict.fromkeys(first))
+        base = [baseline] if baseline in finalists else []
+        first = list(dict.fromkeys([finalists[0], *base, *finalists[1:]]))
         final_started = time.monotonic()
-        pick = ledger.pick(finalists).candidate
+        decision = ledger.decide(finalists, baseline)
         for r in range(MAX_FINAL_ROUNDS):
             order = first[r % len(first):] + first[:r % len(first)]
             if r and runner.left() < sum(cost.values()):
@@ -591,12 +439,14 @@ def _finals(runner: _Runner, space: SearchSpace, settings: SearchSettings) -> tu
                 if runner.left() < cost[c]:
                     break
                 runner.run(c, "final")
-            previous, pick = pick, ledger.pick(finalists).candidate
-            if r + 1 >= MIN_FINAL_ROUNDS and pick == previous:
-                break  # another round did not change the pick: the order is settled
-    best = ledger.pick(finalists)
-    base = ledger.summarize(baseline) if baseline in ledger.by_candidate else None
-    return best, base
+            previous, decision = decision, ledger.decide(finalists, baseline)
+            settled = (decision.challenger is not None and previous.challenger is not None
+                       and decision.challenger.candidate == previous.challenger.candidate)
+            undecided = (decision.verdict is not None and not decision.verdict.wins
+                         and not decision.verdict.loses)
+            if r + 1 >= MIN_FINAL_ROUNDS and settled and not undecided:
+                break  # the pick held and its verdict is clear: more rounds would not change it
+    return ledger.decide(finalists, baseline)
 
 
 STORAGE_ATTEMPTS = 5
@@ -624,16 +474,15 @@ def run_search(dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpa
     ``evaluate`` measures one candidate; it is :func:`autotune.measure.measure` unless several ranks
     measure together (NOTE [ Cooperative tuning ] in distributed.py).
     """
-    ledger = _Ledger(settings, progress or Progress(0, enabled=False))
-    runner = _Runner(dataset, step, space, settings, ledger, evaluate)
-    baseline = space.baseline()
-    measured = runner.run(baseline, "baseline").measurement
+    ledger = Ledger(settings.dataset_len, settings.epochs)
+    runner = _Runner(dataset, step, space, settings, ledger, progress or Progress(0, enabled=False),
+                     evaluate)
+    measured = runner.run(runner.baseline, "baseline").measurement
     for strategy, why in settings.refused.items():
-        ledger.record(replace(baseline, pretransform=strategy), "search", "infeasible",
+        runner.record(replace(space.baseline(), pretransform=strategy), "search", "infeasible",
                       reason=f"pretransform={strategy!r}: {why}")
     study_name = _explore(runner, space, settings, measured)
     if not ledger.by_candidate:
-        raise ledger.failure()
-    best, base = _finals(runner, space, settings)
-    speedup = (best.score / base.score) if base and base.score else None
-    return SearchOutcome(best, base, speedup, tuple(ledger.records), study_name)
+        raise ledger.failure(settings.budget_s)
+    decision = _finals(runner, space, settings)
+    return SearchOutcome(decision, tuple(ledger.records), study_name)

@@ -14,19 +14,18 @@ from __future__ import annotations
 import contextlib
 import glob
 import logging
+import math
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
 from .exceptions import CandidateError, MemoryLimitExceeded, TrialTimeout, WorkerFailed
-
-if TYPE_CHECKING:
-    from .measure import MeasureLimits
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +34,41 @@ SHUTDOWN_TIMEOUT_S = 10.0
 
 WATCHDOG_POLL_S = 0.05
 """How often the watchdog checks time and memory."""
+
+DEFAULT_WINDOW_S = 1.0
+"""Steady-state window length: long enough to average scheduler noise, short enough for 30+ trials."""
+
+DEFAULT_BATCH_TIMEOUT_S = 60.0
+"""A single batch taking longer than this is a hang, not a slow dataset."""
+
+DEFAULT_TRIAL_TIMEOUT_S = 120.0
+"""No single candidate may take longer than this, start-up and shut-down included."""
+
+
+@dataclass(frozen=True)
+class MeasureLimits:
+    """How long and how much one measurement may take."""
+
+    window_s: float = DEFAULT_WINDOW_S
+    min_batches: int = 5
+    max_batches: int = 100_000
+    """A guard only: windows end by time, so a very fast loader still gets a window of window_s."""
+    batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S
+    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
+    memory_limit_bytes: int | None = None
+    """Ceiling on the PSS of this process plus all its children; ``None``: no memory guard."""
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "batch_timeout_s", "trial_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name}={value!r} must be a positive number of seconds.")
+        if self.min_batches < 1 or self.max_batches < self.min_batches:
+            raise ValueError(
+                f"min_batches={self.min_batches}, max_batches={self.max_batches}: need"
+                " 1 <= min_batches <= max_batches."
+            )
+
 
 _INTERRUPT_SIGNAL = getattr(signal, "SIGUSR2", None)
 _CHILD_SIGNAL = getattr(signal, "SIGCHLD", None)
@@ -55,22 +89,13 @@ def process_memory(proc: psutil.Process | None = None) -> int:
     return total
 
 
-def child_pids() -> set[int]:
-    try:
-        return {p.pid for p in psutil.Process().children(recursive=True)}
-    except psutil.Error:
-        return set()
-
-
-def reap_new_children(before: set[int], timeout_s: float = SHUTDOWN_TIMEOUT_S) -> list[int]:
-    """Wait for children that did not exist in ``before`` to exit; kill those that do not.
-
-    Returns the pids that had to be killed (an empty list is the normal case).
-    """
-    try:
-        procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    except psutil.Error:
-        return []
+def reap(pids: set[int], timeout_s: float = SHUTDOWN_TIMEOUT_S) -> list[int]:
+    """Wait for these worker processes (this trial's own, never anyone else's) to exit; kill those
+    that do not. Returns the pids that had to be killed (an empty list is the normal case)."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
     if not procs:
         return []
     _, alive = psutil.wait_procs(procs, timeout=timeout_s)
@@ -88,11 +113,12 @@ def reap_new_children(before: set[int], timeout_s: float = SHUTDOWN_TIMEOUT_S) -
 class Watchdog(threading.Thread):
     """Enforces the time and memory limits of one trial from a side thread."""
 
-    def __init__(self, limits: MeasureLimits, before: set[int], arm: Arm) -> None:
+    def __init__(self, limits: MeasureLimits, arm: Arm, workers: Callable[[], set[int]]) -> None:
         super().__init__(name="autotune-watchdog", daemon=True)
         self.limits = limits
-        self.before = before
         self.arm = arm
+        self.workers = workers
+        """The pids of the trial's own worker processes (the only ones it may kill)."""
         self.main_ident = threading.main_thread().ident
         self.started_at = time.perf_counter()
         self.last_progress = self.started_at
@@ -116,7 +142,7 @@ class Watchdog(threading.Thread):
     def run(self) -> None:
         limits = self.limits
         while not self._stop_event.wait(WATCHDOG_POLL_S):
-            if self.arm.child_pending:  # a worker's death went unreported (see NOTE [ Interrupting ... ])
+            if CHILD_SIGNAL.pending:  # a worker's death went unreported (see NOTE [ Interrupting ... ])
                 self._signal(_CHILD_SIGNAL)
             now = time.perf_counter()
             try:
@@ -153,12 +179,11 @@ class Watchdog(threading.Thread):
 
     def _fail(self, failure: CandidateError) -> None:
         self.failure = failure
-        # Kill the workers first: the main thread may be blocked waiting on them.
-        with contextlib.suppress(psutil.Error):
-            for p in self._proc.children(recursive=True):
-                if p.pid not in self.before:
-                    with contextlib.suppress(psutil.Error):
-                        p.kill()
+        # Kill the trial's workers first: the main thread may be blocked waiting on them.
+        with contextlib.suppress(Exception):
+            for pid in self.workers():
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()
 
     def _signal(self, signum: int | None) -> None:
         """Send ``signum`` to the main thread, unless the trial is already being shut down."""
@@ -220,8 +245,6 @@ class Arm:
     def __init__(self, possible: bool) -> None:
         self.possible = possible
         self.armed = possible
-        self.child_pending = False
-        """A SIGCHLD arrived inside unsafe code; PyTorch's handler has yet to look at the workers."""
 
 
 @contextlib.contextmanager
@@ -239,41 +262,86 @@ def interruptible() -> Iterator[Arm]:
 
     old = signal.signal(_INTERRUPT_SIGNAL, handler)
     try:
-        with _deferred_child_errors(arm):
+        with CHILD_SIGNAL.installed(defer_outside_fetch=False):
             yield arm
     finally:
         arm.armed = False
         signal.signal(_INTERRUPT_SIGNAL, old)
 
 
-@contextlib.contextmanager
-def _deferred_child_errors(arm: Arm) -> Iterator[None]:
-    """Wrap PyTorch's SIGCHLD handler so that it never raises in unsafe code (see the NOTE)."""
-    from torch.utils.data._utils import signal_handling
+# NOTE [ Worker deaths ]
+# PyTorch's SIGCHLD handler raises a RuntimeError in the main thread, wherever it is, when a worker of
+# a live iterator exits abnormally. ChildSignal wraps that handler, once for the process, while any
+# trial is measured or any drop-in serves a stretch, and lets it run only where raising is safe and
+# belongs: never inside unsafe code (NOTE [ Interrupting the main thread ]), and for the drop-in only
+# inside its own ``next()``, never in the user's code between batches. A signal it holds back is
+# ``pending``: the trial's watchdog sends it again, and the drop-in's next fetch asks PyTorch directly
+# whether a worker failed (a non-blocking wait on the registered workers), which raises there.
 
-    if _CHILD_SIGNAL is None:
-        yield
-        return
-    signal_handling._set_SIGCHLD_handler()  # installed once per process; wrapped here, never replaced
-    torch_handler = signal.getsignal(_CHILD_SIGNAL)
-    if not callable(torch_handler):
-        yield
-        return
 
-    def handler(signum: int, frame: Any) -> None:
-        if _in_unsafe_code(frame):
-            arm.child_pending = True  # the watchdog sends it again
+class ChildSignal:
+    """The one wrapper of PyTorch's SIGCHLD handler (see NOTE [ Worker deaths ])."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.strict = 0
+        """Contexts in which the handler runs wherever it is safe (a trial owns the main thread)."""
+        self.fetch_depth = 0
+        self.pending = False
+        self.torch_handler: Any = None
+
+    @contextlib.contextmanager
+    def installed(self, *, defer_outside_fetch: bool) -> Iterator[None]:
+        """Wrap the handler for the block; ``defer_outside_fetch``: raise only inside :meth:`fetching`."""
+        if _CHILD_SIGNAL is None or threading.current_thread() is not threading.main_thread():
+            yield
             return
-        arm.child_pending = False
-        torch_handler(signum, frame)
+        if self.depth == 0:
+            from torch.utils.data._utils import signal_handling
 
-    signal.signal(_CHILD_SIGNAL, handler)
-    try:
-        yield
-    finally:
-        arm.child_pending = False
-        signal.signal(_CHILD_SIGNAL, torch_handler)
+            signal_handling._set_SIGCHLD_handler()  # installed once per process by PyTorch
+            handler = signal.getsignal(_CHILD_SIGNAL)
+            if callable(handler) and handler != self.handle:
+                self.torch_handler = handler
+                signal.signal(_CHILD_SIGNAL, self.handle)
+        self.depth += 1
+        self.strict += 0 if defer_outside_fetch else 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            self.strict -= 0 if defer_outside_fetch else 1
+            if self.depth == 0:
+                if self.torch_handler is not None and signal.getsignal(_CHILD_SIGNAL) == self.handle:
+                    signal.signal(_CHILD_SIGNAL, self.torch_handler)
+                self.torch_handler = None
+                self.pending = False
 
+    @contextlib.contextmanager
+    def fetching(self) -> Iterator[None]:
+        """Around a drop-in's fetch: a death held back since the last one is raised here."""
+        self.fetch_depth += 1
+        try:
+            if self.pending:
+                self.pending = False
+                import torch
+
+                torch._C._error_if_any_worker_fails()
+            yield
+        finally:
+            self.fetch_depth -= 1
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.torch_handler is None:
+            return
+        if _in_unsafe_code(frame) or (not self.strict and not self.fetch_depth):
+            self.pending = True
+            return
+        self.pending = False
+        self.torch_handler(signum, frame)
+
+
+CHILD_SIGNAL = ChildSignal()
 
 
 # NOTE [ Shut-down under signals ]
@@ -299,7 +367,8 @@ SHM_DIR = "/dev/shm"
 """Where POSIX shared memory segments appear as files (Linux)."""
 
 
-def _worker_pids(iterators: tuple[Any, ...]) -> set[int]:
+def worker_pids(*iterators: Any) -> set[int]:
+    """The pids of the worker processes these DataLoader iterators started."""
     pids: set[int] = set()
     for it in iterators:
         for w in getattr(it, "_workers", None) or ():
@@ -334,11 +403,11 @@ def remove_orphan_segments(pids: set[int]) -> list[str]:
     return removed
 
 
-def _cleanup(watchdog: Watchdog, iterators: tuple[Any, ...], loader: Any, before: set[int]) -> None:
+def _cleanup(watchdog: Watchdog, iterators: tuple[Any, ...], loader: Any, workers: set[int]) -> None:
     steps: tuple[Callable[[], Any], ...] = (
         watchdog.stop,
         lambda: _shutdown(iterators, loader),
-        lambda: reap_new_children(before),
+        lambda: reap(workers),
     )
     for action in steps:
         for _ in range(3):
@@ -387,20 +456,26 @@ def _worker_death(dead: list[tuple[int, int]]) -> WorkerFailed | None:
 
 
 
+def stop_iterator(it: Any) -> None:
+    """Shut one DataLoader iterator down: torch's worker processes (joined, and terminated by torch if
+    they do not exit), or a ThreadDataLoader's threads. Errors on the way are not the caller's."""
+    for name in ("_shutdown_workers", "close"):
+        stop = getattr(it, name, None)
+        if stop is not None:
+            with contextlib.suppress(Exception):
+                stop()
+            return
+
+
 def _shutdown(iterators: tuple[Any, ...], loader: Any) -> None:
-    """Shut every iterator down: torch's worker processes, or a ThreadDataLoader's threads."""
+    """Shut every iterator down, the loader's own persistent one included."""
     for it in (*iterators, getattr(loader, "_iterator", None)):
-        for name in ("_shutdown_workers", "close"):
-            stop = getattr(it, name, None)
-            if stop is not None:
-                with contextlib.suppress(Exception):
-                    stop()
+        stop_iterator(it)
     if loader is not None:
         loader._iterator = None
 
 
-def shut_down(watchdog: Watchdog, arm: Arm, iterators: tuple[Any, ...], loader: Any,
-              before: set[int]) -> WorkerFailed | None:
+def shut_down(watchdog: Watchdog, arm: Arm, iterators: tuple[Any, ...], loader: Any) -> WorkerFailed | None:
     """Stop the watchdog, shut the trial's iterators down, reap its workers and remove what dead ones
     left (see NOTE [ Shut-down under signals ]). Returns the failure of a worker process that died
     abnormally during the trial, if one did, to be raised in place of what broke first."""
@@ -408,8 +483,8 @@ def shut_down(watchdog: Watchdog, arm: Arm, iterators: tuple[Any, ...], loader: 
     arm.armed = False
     _unregister_workers(iterators)
     dead = _dead_workers(iterators)
-    workers = _worker_pids(iterators)
-    _cleanup(watchdog, iterators, loader, before)
+    workers = worker_pids(*iterators, getattr(loader, "_iterator", None))
+    _cleanup(watchdog, iterators, loader, workers)
     dead = dead or _dead_workers(iterators, after_shutdown=True)
     remove_orphan_segments(workers)
     return _worker_death(dead)

@@ -224,6 +224,9 @@ class _ThreadLoaderIter:
         index_sampler: Any = loader.batch_sampler if auto_collation else loader.sampler
         self._index_sampler = index_sampler
         self._sampler_iter: Iterator[Any] = iter(index_sampler)
+        # Drawn as torch's own iterators draw it (no worker uses it here): the generator and the global
+        # RNG advance per epoch exactly as with torch's DataLoader.
+        self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         fetcher = _DatasetKind.create_fetcher(
             _DatasetKind.Map, loader.dataset, auto_collation, loader.collate_fn, loader.drop_last)
         pin_device: str | None = None

@@ -48,10 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autotune import DEFAULT_BUDGET_S, tune_loader  # noqa: E402
 from autotune import pretransform as pt  # noqa: E402
 from autotune import workloads as wl  # noqa: E402
+from autotune.decide import score  # noqa: E402
 from autotune.exceptions import CandidateError  # noqa: E402
 from autotune.measure import MeasureLimits, measure  # noqa: E402
 from autotune.space import Candidate  # noqa: E402
-from autotune.study import score  # noqa: E402
 
 EPOCHS = 10
 """Epochs the score amortises cache builds and start-up over: the issue's target is stated so."""

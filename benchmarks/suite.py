@@ -33,11 +33,11 @@ from torch.utils.data import IterableDataset
 from autotune import api, plan, tune_loader
 from autotune import pretransform as pt
 from autotune import workloads as wl
+from autotune.decide import score
 from autotune.exceptions import CandidateError
 from autotune.machine import detect_machine
 from autotune.measure import MeasureLimits, measure
 from autotune.space import Candidate, SearchSpace, build_space, resolve_in_order
-from autotune.study import score
 
 WORKLOAD_NAMES = ("cifar10-like", "imagefolder-jpeg", "latency", "tensor")
 """Every workload of the suite, in the order it runs."""

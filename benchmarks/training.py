@@ -50,11 +50,11 @@ import torch.utils.data as tud  # noqa: E402
 from autotune import DataLoader, tune_loader  # noqa: E402
 from autotune import pretransform as pt  # noqa: E402
 from autotune import workloads as wl  # noqa: E402
+from autotune.decide import score  # noqa: E402
 from autotune.exceptions import CandidateError  # noqa: E402
 from autotune.machine import detect_machine  # noqa: E402
 from autotune.measure import MeasureLimits, measure  # noqa: E402
 from autotune.space import Candidate  # noqa: E402
-from autotune.study import score  # noqa: E402
 
 EPOCHS = 5
 """A short training run: long enough to amortise exploration, short enough to benchmark."""

@@ -1,0 +1,362 @@
+"""The search core both drivers share: what a measurement is worth, and which configuration wins.
+
+``tune_loader`` (the Optuna study, ``study.py``) and the drop-in ``DataLoader`` (the online explorer,
+``online.py``) measure candidates differently (a harness ahead of training, stretches of the user's
+own epochs) but record every outcome in one :class:`Ledger` and decide with its rules: one score, one
+tie rule, one finalist rule, one test against the baseline, one way to describe an error.
+
+# NOTE [ Score ]
+# A candidate's score is the throughput of a whole training run of `epochs` epochs over N samples:
+#     score = epochs * N / (build_s + startup_s * (1 if persistent_workers else epochs)
+#                           + epochs * N / samples_per_s)
+# so a pre-transform cache pays its build once, workers that are not persistent pay their start-up
+# every epoch, and with batch sizes that differ the comparison is per sample, never per step.
+#
+# NOTE [ Decisions ]
+# 1. The baseline is what the user runs: the settings they wrote, or PyTorch's defaults where they
+#    wrote none. It is measured like any candidate, even outside the search space, and every speed-up
+#    is against it.
+# 2. The pick among the finalists is the best median score; among those within TIE_TOLERANCE of it,
+#    fewer workers, then in-order delivery, then less memory win.
+# 3. The pick replaces the baseline only when it wins with confidence: the ratio of its scores to the
+#    baseline's is tested on the logarithms of every repeated measurement, with the noise taken from
+#    the spread of the repeats themselves (the pooled variance of each candidate's measurements around
+#    its own mean: the search measures it, it is not assumed). The one-sided lower bound of the ratio
+#    at CONFIDENCE must be above 1; otherwise the baseline is kept. Without repeats there is no noise
+#    estimate and no confident win. The interval is reported with the speed-up.
+# 4. Finalists are the best FINALISTS by median score (an out-of-order leader with its in-order twin)
+#    and the baseline, re-measured in interleaved rounds so that a slow drift of a shared machine hits
+#    them alike.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+import torch
+
+from .exceptions import CandidateError, TuningFailed
+from .measure import Measurement, map_loader_error
+from .space import Candidate, SearchSpace
+
+Phase = Literal["baseline", "search", "online", "final", "recheck"]
+"""When a trial ran: the baseline first, the search (offline) or online exploration, the finals, or
+a settled configuration checked again against the baseline."""
+
+TrialState = Literal["complete", "failed", "pruned", "infeasible"]
+"""How a trial ended: measured, failed with a reason, stopped early as clearly slower, or never run."""
+
+PRUNE_RATIO = 0.5
+"""A candidate running below this share of the best throughput so far is stopped early."""
+
+TIE_TOLERANCE = 0.03
+"""Scores within 3 % are a tie on a shared machine; the cheaper candidate wins (NOTE [ Decisions ] 2)."""
+
+FINALISTS = 3
+"""How many of the best candidates are re-measured beside the baseline (NOTE [ Decisions ] 4)."""
+
+CONFIDENCE = 0.95
+"""The one-sided confidence at which a candidate must beat the baseline (NOTE [ Decisions ] 3)."""
+
+_T95 = ((1, 6.314), (2, 2.920), (3, 2.353), (4, 2.132), (5, 2.015), (6, 1.943), (7, 1.895),
+        (8, 1.860), (9, 1.833), (10, 1.812), (12, 1.782), (15, 1.753), (20, 1.725), (30, 1.697),
+        (60, 1.671), (120, 1.658))
+"""One-sided 95 % quantiles of Student's t by degrees of freedom (standard tables); 1.645 beyond."""
+
+_OOM_MARKERS = ("out of memory", "CUDA error: out of memory", "DefaultCPUAllocator: can't allocate")
+
+
+def t_quantile(df: int) -> float:
+    """The one-sided CONFIDENCE quantile of Student's t with ``df`` degrees of freedom (for a df
+    between two table rows, the smaller row's, which is the larger quantile: conservative)."""
+    if df < 1:
+        return math.inf
+    value = math.inf
+    for rows, q in _T95:
+        if df >= rows:
+            value = q
+    return value if df <= _T95[-1][0] else 1.645
+
+
+def score(m: Measurement, c: Candidate, dataset_len: int | None, epochs: int) -> float:
+    """See NOTE [ Score ]."""
+    if m.samples_per_s <= 0:
+        return 0.0
+    if dataset_len is None:
+        return m.samples_per_s
+    startups = 1 if (c.persistent_workers and c.num_workers > 0) else epochs
+    total = m.build_s + m.startup_s * startups + epochs * dataset_len / m.samples_per_s
+    return epochs * dataset_len / total
+
+
+def estimate_workers(baseline: Measurement, bound: int) -> int:
+    """Workers that would keep the step busy, from a measurement without workers.
+
+    Without workers a batch costs its load time L (the wait) plus the step S, one after the other;
+    with workers loading overlaps the step, and about ceil(L / S) of them are needed so that a batch
+    is always ready. Bounded by ``bound``; at least one.
+    """
+    step = max(baseline.step_ms, 1e-3)
+    return max(1, min(bound, math.ceil(baseline.wait_ms / step)))
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for a failed trial: ``Type: message``; a worker failure as the candidate's; an error
+    re-raised from a worker by the original's last line."""
+    mapped = map_loader_error(err)
+    if mapped is not None:
+        return f"{type(mapped).__name__}: {str(mapped).strip().splitlines()[0][:300]}"
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    if len(lines) > 1 and ("worker process" in lines[0] or "thread worker" in lines[0]):
+        return f"{type(err).__name__} in a worker: {lines[-1][:300]}"
+    return f"{type(err).__name__}: {(lines or [''])[0][:300]}"
+
+
+def is_oom(err: BaseException) -> bool:
+    """Whether ``err`` is running out of memory (host or device)."""
+    if isinstance(err, MemoryError) and not isinstance(err, CandidateError):
+        return True
+    oom_type = getattr(torch, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(err, oom_type):
+        return True
+    return isinstance(err, RuntimeError) and any(s in str(err) for s in _OOM_MARKERS)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One candidate tried: its configuration and either its measurement or why it has none."""
+
+    number: int
+    phase: Phase
+    candidate: Candidate
+    state: TrialState
+    measurement: Measurement | None = None
+    score: float | None = None
+    reason: str | None = None
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["candidate"] = self.candidate.to_dict()
+        data["measurement"] = self.measurement.to_dict() if self.measurement else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
+        m = data.get("measurement")
+        return cls(
+            number=int(data["number"]),
+            phase=data["phase"],
+            candidate=Candidate.from_dict(data["candidate"]),
+            state=data["state"],
+            measurement=Measurement.from_dict(m) if m else None,
+            score=float(data["score"]) if data.get("score") is not None else None,
+            reason=data.get("reason"),
+            duration_s=float(data.get("duration_s", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One candidate over all its measurements: the medians of throughput, busy and wait fractions
+    and score; ``spread`` = (max - min) / median of the throughput; the highest peak memory."""
+
+    candidate: Candidate
+    samples_per_s: float
+    busy: float
+    wait_fraction: float
+    score: float
+    spread: float
+    peak_memory_bytes: int
+    measurements: int
+    measurement: Measurement
+    """The measurement whose score is nearest the median (its start-up and build figures)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A candidate against the baseline (NOTE [ Decisions ] 3): the ratio of their scores (geometric
+    means), its one-sided lower and upper bounds at ``confidence``, and whether it wins."""
+
+    ratio: float
+    low: float
+    high: float
+    confidence: float
+    degrees_of_freedom: int
+
+    @property
+    def wins(self) -> bool:
+        return self.low > 1.0
+
+    @property
+    def loses(self) -> bool:
+        return self.high < 1.0
+
+    def describe(self) -> str:
+        if self.degrees_of_freedom < 1:
+            return f"{self.ratio:.2f}x, measured once (no repeat to tell it from noise)"
+        return f"{self.ratio:.2f}x ({self.confidence:.0%} interval {self.low:.2f}-{self.high:.2f}x)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "wins": self.wins}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the finals decided: the configuration to use, the best challenger and its verdict."""
+
+    chosen: Summary
+    baseline: Summary | None
+    challenger: Summary | None
+    verdict: Verdict | None
+    reason: str
+
+    @property
+    def kept_baseline(self) -> bool:
+        return self.baseline is not None and self.chosen.candidate == self.baseline.candidate
+
+
+class Ledger:
+    """Every trial of one search, and the rules that decide on them (NOTE [ Decisions ])."""
+
+    def __init__(self, dataset_len: int | None, epochs: int) -> None:
+        self.dataset_len = dataset_len
+        self.epochs = epochs
+        self.records: list[TrialRecord] = []
+        self.by_candidate: dict[Candidate, list[TrialRecord]] = {}
+        self.user_errors: list[tuple[BaseException, Candidate]] = []
+        self.best_sps = 0.0
+        self.best_score = 0.0
+
+    def record(self, c: Candidate, phase: Phase, state: TrialState, *, m: Measurement | None = None,
+               reason: str | None = None, duration_s: float = 0.0) -> TrialRecord:
+        sc = score(m, c, self.dataset_len, self.epochs) if m is not None else None
+        rec = TrialRecord(len(self.records), phase, c, state, m, sc, reason, duration_s)
+        self.records.append(rec)
+        if m is not None and sc is not None and state == "complete":
+            self.by_candidate.setdefault(c, []).append(rec)
+            self.best_sps = max(self.best_sps, m.samples_per_s)
+            self.best_score = max(self.best_score, sc)
+        return rec
+
+    def tried(self) -> set[Candidate]:
+        return {r.candidate for r in self.records if r.state != "infeasible"}
+
+    def measured(self, c: Candidate) -> int:
+        return len(self.by_candidate.get(c, ()))
+
+    def summarize(self, c: Candidate) -> Summary:
+        recs = self.by_candidate[c]
+        ms = [r.measurement for r in recs if r.measurement is not None]
+        sps = [m.samples_per_s for m in ms]
+        med = statistics.median(sps)
+        med_score = statistics.median(r.score or 0.0 for r in recs)
+        near = min(recs, key=lambda r: abs((r.score or 0.0) - med_score))
+        assert near.measurement is not None
+        return Summary(
+            candidate=c,
+            samples_per_s=med,
+            busy=statistics.median(m.busy for m in ms),
+            wait_fraction=statistics.median(m.wait_fraction for m in ms),
+            score=med_score,
+            spread=(max(sps) - min(sps)) / med if med > 0 else 0.0,
+            peak_memory_bytes=max(m.peak_memory_bytes for m in ms),
+            measurements=len(ms),
+            measurement=near.measurement,
+        )
+
+    def ranked(self) -> list[Candidate]:
+        """Every measured candidate, best median score first."""
+        return sorted(self.by_candidate, key=lambda c: -self.summarize(c).score)
+
+    def pick(self, candidates: Iterable[Candidate]) -> Summary | None:
+        """The best median score; within TIE_TOLERANCE of it, fewer workers, in order, less memory."""
+        summaries = [self.summarize(c) for c in dict.fromkeys(candidates) if c in self.by_candidate]
+        if not summaries:
+            return None
+        top = max(s.score for s in summaries)
+        tied = [s for s in summaries if s.score >= (1.0 - TIE_TOLERANCE) * top]
+        return min(tied, key=lambda s: (s.candidate.num_workers, not s.candidate.in_order,
+                                        s.peak_memory_bytes, -s.score))
+
+    def finalists(self, baseline: Candidate, space: SearchSpace | None = None) -> list[Candidate]:
+        """The best FINALISTS by median score, the baseline last (NOTE [ Decisions ] 4).
+
+        An out-of-order leader comes with its in-order twin (when ``space`` allows it), so that
+        out-of-order delivery wins only where it is clearly faster.
+        """
+        out = [c for c in self.ranked() if c != baseline][:FINALISTS]
+        if out and not out[0].in_order:
+            twin = replace(out[0], in_order=True)
+            if twin not in out and (space is None or space.check(twin) is None):
+                out.append(twin)
+        if baseline in self.by_candidate:
+            out.append(baseline)
+        return out
+
+    def noise(self) -> tuple[float, int]:
+        """(pooled variance of log-scores around each candidate's mean, degrees of freedom)."""
+        ss = 0.0
+        df = 0
+        for recs in self.by_candidate.values():
+            logs = [math.log(r.score) for r in recs if r.score]
+            if len(logs) > 1:
+                mean = statistics.fmean(logs)
+                ss += sum((x - mean) ** 2 for x in logs)
+                df += len(logs) - 1
+        return (ss / df if df else math.inf), df
+
+    def verdict(self, c: Candidate, baseline: Candidate) -> Verdict | None:
+        """``c`` against ``baseline`` (NOTE [ Decisions ] 3); ``None`` when either is unmeasured."""
+        a = [math.log(r.score) for r in self.by_candidate.get(c, ()) if r.score]
+        b = [math.log(r.score) for r in self.by_candidate.get(baseline, ()) if r.score]
+        if not a or not b:
+            return None
+        diff = statistics.fmean(a) - statistics.fmean(b)
+        var, df = self.noise()
+        if df < 1:
+            return Verdict(math.exp(diff), 0.0, math.inf, CONFIDENCE, 0)
+        half = t_quantile(df) * math.sqrt(var * (1.0 / len(a) + 1.0 / len(b)))
+        return Verdict(math.exp(diff), math.exp(diff - half), math.exp(diff + half), CONFIDENCE, df)
+
+    def decide(self, finalists: Sequence[Candidate], baseline: Candidate) -> Decision:
+        """The configuration to use (NOTE [ Decisions ] 2-3)."""
+        base = self.summarize(baseline) if baseline in self.by_candidate else None
+        challenger = self.pick(c for c in finalists if c != baseline)
+        if base is None:
+            if challenger is None:
+                raise self.failure()
+            return Decision(challenger, None, challenger, None,
+                            "the baseline could not be measured; the best measured configuration is used")
+        if challenger is None:
+            return Decision(base, base, None, None, "no other configuration could be measured")
+        verdict = self.verdict(challenger.candidate, baseline)
+        assert verdict is not None
+        if verdict.wins:
+            return Decision(challenger, base, challenger, verdict,
+                            f"{challenger.candidate.label()} beats the baseline: {verdict.describe()}")
+        return Decision(base, base, challenger, verdict,
+                        f"kept the baseline: the best other configuration, {challenger.candidate.label()},"
+                        f" measured {verdict.describe()}, not a win at {verdict.confidence:.0%}"
+                        " confidence")
+
+    def failure(self, budget_s: float | None = None) -> BaseException:
+        """The error to raise when nothing completed: the user's own, else a summary."""
+        if self.user_errors:
+            err, c = self.user_errors[0]
+            tried = sum(1 for r in self.records if r.state in ("failed", "pruned", "complete"))
+            err.add_note(
+                f"autotune: raised under candidate {c.label()}; every one of the {tried}"
+                " candidates tried failed, so this is most likely a bug in the dataset or step."
+            )
+            return err
+        reasons = sorted({r.reason or r.state for r in self.records})
+        within = f" within budget_s={budget_s:g}" if budget_s is not None else ""
+        return TuningFailed(
+            f"no candidate could be measured{within}; reasons: " + "; ".join(reasons[:5])
+            + ". Raise budget_s, or check the dataset with a plain DataLoader first."
+        )

@@ -1,0 +1,608 @@
+"""The drop-in's epochs: what ``iter(loader)`` returns, and the stretches an epoch is served in.
+
+# NOTE [ Epochs and stretches ]
+# An epoch draws its items (index batches, or indices without auto-collation) from the loader's own
+# sampler, lazily, one at a time, as torch does (a sampler that never ends is fine): the ``Feed``.
+# It is served in consecutive stretches, each by an inner DataLoader of one candidate whose sampler
+# takes items from the feed (``FeedSampler``) and records them. A stretch that ends before its inner
+# loader handed out everything it took (its workers prefetch) gives the rest back to the front of the
+# feed, so every item comes exactly once, in the sampler's order. Exploring stretches deliver in order
+# for that reason; the settled configuration delivers as the user's ``in_order`` says.
+#
+# Per stretch (measured ones): the time to the first item is start-up; a few items drain what the
+# workers made ready; then the time blocked in ``next()`` is the wait and the time until the user asks
+# for the next item is the user's step (no device synchronisation: on CUDA the step's host time is what
+# the loop waits for). Throughput is samples over the wall time of that window (the later half of the
+# measured items: the earlier half may still drain a backlog).
+#
+# Failures: a candidate that fails (a worker crashes, hangs past the batch time limit, cannot start)
+# ends its stretch with the reason, and the items it did not hand out are served by the baseline. An
+# error raised while the baseline (the user's own settings) serves is the user's: it reaches the caller
+# as torch would raise it, and the iterator goes on with the next item after it, as torch's does. A
+# worker's death is raised inside a stretch's own ``next()``, never in the user's code between items
+# (NOTE [ Worker deaths ] in supervise.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch.utils.data as tud
+
+from .decide import Phase, describe_error
+from .measure import WARMUP_BATCHES, Measurement, batch_length, quiet_worker_warning
+from .online import Outcome
+from .space import Candidate
+from .supervise import CHILD_SIGNAL, process_memory, remove_orphan_segments, stop_iterator, worker_pids
+
+if TYPE_CHECKING:
+    from .loader import DataLoader
+
+log = logging.getLogger("autotune")
+
+STRETCH_MIN_BATCHES = 6
+"""Items measured per stretch after its warm-up: enough for a median, cheap on short epochs."""
+
+STRETCH_WINDOW_S = 0.75
+"""Seconds measured per stretch at least (the offline window is 1 s for a minute's budget)..."""
+
+MIN_STRETCH_WINDOW_S = 0.2
+"""...unless the epoch is short: then a window is 1/STRETCHES_PER_EPOCH of the epoch, at least this."""
+
+STRETCHES_PER_EPOCH = 16
+"""Measured stretches one epoch should hold, so that a search fits in an epoch or two."""
+
+MAX_STRETCH_FRACTION = 0.25
+"""A stretch serves at most this share of an epoch, so one epoch compares several candidates."""
+
+UNSIZED_STRETCH = 64
+"""Items a stretch may serve when the epoch has no length (a sampler that never ends)."""
+
+ABANDON_AFTER = 3
+"""Measured items before a candidate may be abandoned."""
+
+
+class Feed:
+    """The epoch's items, drawn lazily from the sampler; items given back come out first."""
+
+    def __init__(self, source: Iterator[Any]) -> None:
+        self._source = source
+        self._back: collections.deque[Any] = collections.deque()
+        self._ended = False
+
+    def take(self) -> Any:
+        if self._back:
+            return self._back.popleft()
+        if self._ended:
+            raise StopIteration
+        try:
+            return next(self._source)
+        except StopIteration:
+            self._ended = True
+            raise
+
+    def give_back(self, items: list[Any]) -> None:
+        self._back.extendleft(reversed(items))
+
+    def prime(self, n: int) -> None:
+        """Draw ``n`` items now, as torch's worker iterator does when it starts."""
+        drawn = []
+        for _ in range(n):
+            try:
+                drawn.append(self.take())
+            except StopIteration:
+                break
+        self.give_back(drawn)
+
+    def drained(self) -> bool:
+        if self._back:
+            return False
+        if not self._ended:
+            self.prime(1)
+        return not self._back
+
+
+class FeedSampler(tud.Sampler[Any]):
+    """An inner loader's sampler: up to ``limit`` items of the feed, each recorded as taken.
+
+    A persistent inner loader keeps its sampler across epochs: each epoch points ``feed`` at its own.
+    """
+
+    def __init__(self, feed: Feed | None, limit: int | None = None) -> None:
+        self.feed = feed
+        self.limit = limit
+        self.taken: list[Any] = []
+
+    def __iter__(self) -> Iterator[Any]:
+        taken: list[Any] = []
+        self.taken = taken
+        feed = self.feed
+        while feed is not None and (self.limit is None or len(taken) < self.limit):
+            try:
+                item = feed.take()
+            except StopIteration:
+                return
+            taken.append(item)
+            yield item
+
+    def __len__(self) -> int:
+        if self.limit is None:
+            raise TypeError("a stretch of an epoch has no length of its own")
+        return self.limit
+
+
+@dataclass
+class Timeline:
+    """Per-item times of one stretch, and the measurement they make (NOTE [ Epochs and stretches ])."""
+
+    backlog: int
+    """Items the workers may have made ready ahead of the user (workers x prefetch)."""
+    window_s: float = STRETCH_WINDOW_S
+    startup_s: float = 0.0
+    received: list[float] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)
+
+    @property
+    def warmup(self) -> int:
+        return WARMUP_BATCHES + self.backlog
+
+    def item(self, asked: float, got: float, samples: int) -> None:
+        self.received.append(got)
+        self.waits.append(got - asked)
+        self.counts.append(samples)
+
+    def measured(self) -> int:
+        return max(0, len(self.received) - 1 - self.warmup)
+
+    def complete(self, now: float) -> bool:
+        """Enough items past the warm-up (at least a second backlog's worth: one made ready during
+        start-up drains only as fast as the step outpaces the workers) over enough time."""
+        if self.measured() < max(STRETCH_MIN_BATCHES, self.backlog):
+            return False
+        return now - self.received[self.warmup] >= self.window_s
+
+    def rate_below(self, threshold: float, now: float) -> bool:
+        if threshold <= 0 or self.measured() < ABANDON_AFTER:
+            return False
+        start = self.warmup
+        # What was made ready during start-up only flatters the rate, so a low one is real.
+        return sum(self.counts[start + 1:]) / max(now - self.received[start], 1e-9) < threshold
+
+    def measurement(self, end: float, build_s: float) -> Measurement | None:
+        n = self.measured()
+        if n < max(STRETCH_MIN_BATCHES, self.backlog):
+            return None  # too few: the items made ready during start-up would flatter the rate
+        k = self.warmup + n // 2  # the window runs from item k's arrival to ``end``
+        wall = max(end - self.received[k], 1e-9)
+        samples = sum(self.counts[k + 1:])
+        waits = self.waits[k + 1:]
+        steps = self.steps[k:]
+        return Measurement(
+            samples_per_s=samples / wall,
+            busy=min(1.0, sum(steps) / wall),
+            wait_fraction=min(1.0, sum(waits) / wall),
+            step_ms=(statistics.median(steps) if steps else 0.0) * 1000.0,
+            wait_ms=statistics.median(waits) * 1000.0,
+            startup_s=self.startup_s,
+            batches=len(waits),
+            samples=samples,
+            window_s=wall,
+            peak_memory_bytes=process_memory(),
+            build_s=build_s,
+        )
+
+
+class Failed(Exception):
+    """A candidate's stretch failed for a reason of its own (kept in ``Stretch.failure``)."""
+
+
+class Stretch:
+    """One candidate serving up to ``limit`` items of the feed (``None``: to the end)."""
+
+    def __init__(self, loader: DataLoader, candidate: Candidate, phase: Phase | None, feed: Feed | None,
+                 *, limit: int | None, baseline: bool, abandon_below: float = 0.0,
+                 whole: bool = False, private: bool = False, window_s: float = STRETCH_WINDOW_S) -> None:
+        self.loader = loader
+        self.candidate = candidate
+        self.phase = phase
+        """The search phase it is measured for; ``None``: served, not measured."""
+        self.feed = feed
+        self.limit = limit
+        self.baseline = baseline
+        self.abandon_below = abandon_below
+        self.whole = whole
+        self.private = private
+        """Never the loader's held (persistent) inner loader: another iterator may be using it."""
+        self.served = 0
+        self.samples = 0
+        self.failure: str | None = None
+        self.abandoned = False
+        self.interfered = False
+        self.done = False
+        self.exhausted = False
+        """The inner loader ran out before the stretch's limit: the epoch has no items left."""
+        self.measurement: Measurement | None = None
+        self.inner: Any = None
+        self.sampler: FeedSampler | None = None
+        self.it: Any = None
+        self.held = False
+        self.started_at = 0.0
+        self.last = 0.0
+        c = candidate
+        self.line = Timeline(backlog=c.num_workers * (c.prefetch_factor or 2) if c.num_workers else 0,
+                             window_s=window_s)
+        self._signals = contextlib.ExitStack()
+
+    def start(self) -> None:
+        """Build the inner loader and start it (its workers, its first prefetch)."""
+        self.started_at = time.perf_counter()
+        self._signals.enter_context(CHILD_SIGNAL.installed(defer_outside_fetch=True))
+        try:
+            self.inner, self.sampler, self.held = self.loader._inner_for(self)
+            # torch's own warnings for the user's settings were given by the loader's iter(); a
+            # candidate's pickling failure is its reason, the baseline's the user's to see.
+            with quiet_worker_warning(pickle_errors=not self.baseline):
+                self.it = iter(self.inner)
+        except Exception as err:
+            if self.baseline:
+                raise
+            self.fail(err)
+
+    def fail(self, err: BaseException) -> None:
+        self.failure = describe_error(err)
+        self.done = True
+        raise Failed(self.failure) from err
+
+    def next(self) -> Any:
+        now = time.perf_counter()
+        if self.it is None and not self.done:
+            self.start()
+            now = time.perf_counter()
+        elif self.last:
+            self.line.steps.append(now - self.last)
+        if self.done:
+            raise StopIteration
+        if self.phase is not None and not self.whole and self._measured_enough(now):
+            self.done = True
+            raise StopIteration
+        if self.limit is not None and self.served >= self.limit:
+            self.done = True
+            raise StopIteration
+        if self.loader._live_iterators() > 1:
+            self.interfered = True
+        try:
+            with CHILD_SIGNAL.fetching():
+                item = next(self.it)
+        except StopIteration:
+            self.done = True
+            self.exhausted = self.limit is None or self.served < self.limit
+            raise
+        except Exception as err:
+            if self.baseline:
+                raise  # the user's own settings: the user's error, and the stretch goes on after it
+            self.fail(err)
+        got = time.perf_counter()
+        if self.served == 0:
+            self.line.startup_s = got - self.started_at
+        n = batch_length(item, self.loader.batch_size or 1)
+        self.line.item(now, got, n)
+        self.served += 1
+        self.samples += n
+        self.last = time.perf_counter()
+        return item
+
+    def _measured_enough(self, now: float) -> bool:
+        if self.line.rate_below(self.abandon_below, now):
+            self.abandoned = True
+            self.measurement = self.line.measurement(now, self._build_s())
+            return True
+        if self.line.complete(now):
+            self.measurement = self.line.measurement(now, self._build_s())
+            return True
+        return False
+
+    def _build_s(self) -> float:
+        prepared = getattr(self.inner, "_autotune_prepared", None)
+        return float(prepared.build_s) if prepared is not None and prepared.strategy != "none" else 0.0
+
+    def close(self) -> None:
+        """Stop the inner iterator (a held, persistent one stays), give back what was not served."""
+        end = self.last or time.perf_counter()
+        if self.phase is not None and self.measurement is None and self.failure is None:
+            self.measurement = self.line.measurement(end, self._build_s())
+        if self.it is not None and not self.held:
+            workers = worker_pids(self.it) if self.failure is not None else set()
+            stop_iterator(self.it)
+            remove_orphan_segments(workers)  # what workers that died mid-batch left in /dev/shm
+        if self.sampler is not None and self.feed is not None and self.candidate.in_order:
+            self.feed.give_back(self.sampler.taken[self.served:])
+            self.sampler.taken = []
+        self.it = None
+        self.done = True
+        self._signals.close()
+
+    def outcome(self) -> Outcome | None:
+        if self.phase is None:
+            return None
+        m = None if self.interfered else self.measurement
+        return Outcome(self.candidate, self.phase, m, self.failure, self.abandoned and not self.interfered,
+                       self.samples, (self.last or time.perf_counter()) - self.started_at
+                       if self.started_at else 0.0)
+
+    def remaining(self) -> int | None:
+        return None if self.limit is None else max(0, self.limit - self.served)
+
+
+_TO_THE_END: Any = object()
+"""A fallback that serves the rest of the epoch (the failed stretch had no limit)."""
+
+
+class Driver:
+    """What one kind of epoch serves next (see the subclasses); ``record`` hears each stretch's end."""
+
+    def __init__(self, loader: DataLoader, feed: Feed | None) -> None:
+        self.loader = loader
+        self.tuning = loader._tuning
+        self.feed = feed
+
+    def next_stretch(self) -> Stretch | None:
+        raise NotImplementedError
+
+    def record(self, stretch: Stretch) -> None:
+        """A stretch ended."""
+
+    def fallback(self, limit: int | None) -> Stretch:
+        """The baseline, unmeasured, over what a failed stretch left (NOTE [ Epochs and stretches ])."""
+        return self._stretch(self.tuning.baseline, None, limit)
+
+    def end(self, complete: bool) -> None:
+        """The epoch ended (``complete``: every item was served)."""
+
+    def _stretch(self, c: Candidate, phase: Phase | None, limit: int | None, **kw: Any) -> Stretch:
+        return Stretch(self.loader, c, phase, self.feed, limit=limit,
+                       baseline=c == self.tuning.baseline, **kw)
+
+
+class SearchDriver(Driver):
+    """An epoch that searches: stretches by the explorer's candidates, then the settled one."""
+
+    def __init__(self, loader: DataLoader, feed: Feed | None) -> None:
+        super().__init__(loader, feed)
+        try:
+            self.epoch_items: int | None = len(loader._index_sampler)
+        except TypeError:
+            self.epoch_items = None
+
+    def next_stretch(self) -> Stretch | None:
+        t = self.tuning
+        if t.settled is not None:
+            return self._stretch(t.settled, None, None)
+        nxt = t.next_candidate()
+        if nxt is None:
+            decision = t.decision_due()
+            if decision is None:
+                return self._stretch(t.baseline, None, None)
+            self.loader._settle(t.settle(decision))
+            return self._stretch(t.settled or t.baseline, None, None)
+        c, phase = nxt
+        if self.feed is None:  # a stream: one candidate for the whole epoch
+            return self._stretch(c, phase, None, whole=True)
+        return self._stretch(c, phase, self._length(c), abandon_below=t.abandon_below(phase),
+                             whole=t.together, window_s=self._window_s())
+
+    def _window_s(self) -> float:
+        """STRETCH_WINDOW_S, or a 1/STRETCHES_PER_EPOCH share of an epoch at the baseline's rate."""
+        base = self.tuning.ledger.by_candidate.get(self.tuning.baseline)
+        if not base or not self.epoch_items or base[0].measurement is None:
+            return STRETCH_WINDOW_S
+        m = base[0].measurement
+        epoch_s = self.epoch_items * (m.samples / max(1, m.batches)) / max(m.samples_per_s, 1e-9)
+        return min(STRETCH_WINDOW_S, max(MIN_STRETCH_WINDOW_S, epoch_s / STRETCHES_PER_EPOCH))
+
+    def _length(self, c: Candidate) -> int:
+        backlog = c.num_workers * (c.prefetch_factor or 2)
+        least = WARMUP_BATCHES + 2 * backlog + STRETCH_MIN_BATCHES + 1
+        share = int(MAX_STRETCH_FRACTION * self.epoch_items) if self.epoch_items else UNSIZED_STRETCH
+        return max(share, least)
+
+    def record(self, stretch: Stretch) -> None:
+        if stretch.phase is not None and not stretch.interfered:
+            self.tuning.record(stretch.outcome() or Outcome(stretch.candidate, stretch.phase))
+        _settled_failed(self, stretch)
+
+    def end(self, complete: bool) -> None:
+        if complete and self.tuning.settled is None:
+            settled = self.tuning.end_search_epoch()
+            if settled is not None:
+                self.loader._settle(settled)
+
+
+def _settled_failed(driver: Driver, stretch: Stretch) -> None:
+    """The settled configuration failed (its worker crashed, say): the baseline serves from now on."""
+    t = driver.tuning
+    if stretch.failure is None or stretch.phase is not None or stretch.candidate != t.settled:
+        return
+    log.info("autotune: %s failed on the loader at %s (%s); the baseline serves from now on",
+             stretch.candidate.label(), t.origin, stretch.failure)
+    t.settled = t.baseline
+    driver.loader._settle(t.baseline)
+
+
+class SettledDriver(Driver):
+    """An epoch of the settled configuration, timed for NOTE [ Settled means proven ]."""
+
+    def __init__(self, loader: DataLoader, feed: Feed | None) -> None:
+        super().__init__(loader, feed)
+        self.served: Stretch | None = None
+
+    def record(self, stretch: Stretch) -> None:
+        _settled_failed(self, stretch)
+
+    def next_stretch(self) -> Stretch | None:
+        if self.served is not None or self.tuning.settled is None:
+            return None
+        self.served = self._stretch(self.tuning.settled, None, None)
+        return self.served
+
+    def end(self, complete: bool) -> None:
+        s = self.served
+        if complete and s is not None and s.failure is None and not s.interfered:
+            wall = (s.last or time.perf_counter()) - s.started_at if s.started_at else 0.0
+            self.tuning.end_settled_epoch(s.samples, wall, sum(s.line.waits))
+
+
+class PlainDriver(Driver):
+    """A second live iterator of the same loader: what serves now, unmeasured, to the end."""
+
+    def __init__(self, loader: DataLoader, feed: Feed | None) -> None:
+        super().__init__(loader, feed)
+        self.served = False
+
+    def next_stretch(self) -> Stretch | None:
+        if self.served:
+            return None
+        self.served = True
+        return Stretch(self.loader, self.tuning.serving(), None, self.feed, limit=None,
+                       baseline=self.tuning.serving() == self.tuning.baseline, private=True)
+
+
+class EpochIterator:
+    """What ``iter(loader)`` returns: one epoch, served stretch by stretch by its driver.
+
+    Torch's iterator protocol: ``next()``, ``len()``, and, for a loader whose user settings keep
+    persistent workers, ``_reset`` to start the next epoch on the same object.
+    """
+
+    def __init__(self, loader: DataLoader, make_driver: Callable[[bool], Driver]) -> None:
+        self._loader = loader
+        self._make_driver = make_driver
+        self._start_epoch(fresh=True)
+
+    def _start_epoch(self, fresh: bool) -> None:
+        self._driver = self._make_driver(fresh)
+        self._stretch: Stretch | None = None
+        self._served = 0
+        self._ended = False
+        self._fallback: Any = None
+        self._loader._register(self)
+        if self._loader._eager_start:  # torch starts its workers in iter() for the user's settings
+            stretch = self._open()
+            if stretch is not None:
+                try:
+                    stretch.start()
+                except Failed:
+                    self._failed(stretch)
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        # torch's iterator internals (``_workers``, ...), where the current stretch's iterator has them
+        stretch = self.__dict__.get("_stretch")
+        if not name.startswith("__") and stretch is not None and stretch.it is not None:
+            return getattr(stretch.it, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _open(self) -> Stretch | None:
+        if self._fallback is not None:
+            limit, self._fallback = self._fallback, None
+            stretch: Stretch | None = self._driver.fallback(None if limit is _TO_THE_END else limit)
+        else:
+            stretch = self._driver.next_stretch()
+        self._stretch = stretch
+        return stretch
+
+    def _failed(self, stretch: Stretch) -> None:
+        """The rest of a failed stretch goes to the baseline (NOTE [ Epochs and stretches ])."""
+        left = stretch.remaining()
+        self._close_stretch()
+        if left != 0:
+            self._fallback = _TO_THE_END if left is None else left
+
+    def __next__(self) -> Any:
+        while True:
+            if self._ended:
+                raise StopIteration
+            stretch = self._stretch
+            if stretch is None or stretch.done:
+                self._close_stretch()
+                stretch = self._open()
+                if stretch is None:
+                    self._end(complete=True)
+                    raise StopIteration
+            try:
+                item = stretch.next()
+            except StopIteration:
+                self._close_stretch()
+                if stretch.exhausted or (self._driver.feed is not None and self._driver.feed.drained()):
+                    self._end(complete=True)
+                    raise
+                continue
+            except Failed:
+                self._failed(stretch)
+                continue
+            self._served += 1
+            self._loader._served_batches += 1
+            return item
+
+    def _close_stretch(self) -> None:
+        stretch, self._stretch = self._stretch, None
+        if stretch is not None:
+            stretch.close()
+            self._driver.record(stretch)
+
+    def _end(self, complete: bool) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            self._close_stretch()
+        finally:
+            self._loader._unregister(self)
+            self._driver.end(complete)
+
+    def finish(self) -> None:
+        """End an epoch whose every item was handed out but whose end was never asked for.
+
+        Trainers stop at ``len(loader)`` items (Lightning does) instead of running the iterator to
+        StopIteration, so the bookkeeping after the last item would never run. Here it does;
+        anything else is closed.
+        """
+        if self._ended:
+            return
+        try:
+            complete = self._served >= len(self._loader)
+        except TypeError:  # no length
+            complete = False
+        self._end(complete)
+
+    close = finish
+
+    def finish_if_served(self) -> None:
+        """End this epoch if every item of it was handed out (its end was simply never asked for)."""
+        try:
+            if not self._ended and self._served >= len(self._loader):
+                self.finish()
+        except TypeError:  # no length
+            pass
+
+    def _reset(self, loader: Any = None, first_iter: bool = False) -> None:
+        """The next epoch on this same iterator (persistent workers, as torch's ``_reset``)."""
+        self.finish()
+        self._start_epoch(fresh=False)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.finish()

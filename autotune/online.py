@@ -1,0 +1,338 @@
+"""The drop-in's search policy: which candidate serves the next stretch of the user's epoch, and when
+the search is over. It measures nothing itself (``epochs.py`` serves and times the stretches) and
+decides nothing on its own: every outcome goes into the shared :class:`~autotune.decide.Ledger`, and
+the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_loader``.
+
+# NOTE [ Online search ]
+# 1. The first stretch serves the baseline (what the user wrote, or PyTorch's defaults): its wait and
+#    step per batch give the load time L and step time S.
+# 2. Nothing to win: when the baseline waits for data less than MIN_WAIT_TO_EXPLORE of the time, no
+#    loader can make the run faster by more than 1 / (1 - wait); only the torch thread counts are
+#    tried (on CPU-only machines the step's own threads compete with the workers), and where there are
+#    none the baseline is kept at once.
+# 3. Otherwise ceil(L / S) workers (decide.estimate_workers) are tried with processes and threads,
+#    with their neighbours, then a cache where its build can still pay for itself over the run, then
+#    the torch thread counts around the best so far: at most MAX_CANDIDATES. A candidate below
+#    decide.PRUNE_RATIO of the best throughput so far is abandoned after a few batches.
+# 4. Exploring is an investment with a bound: every stretch's cost is its wall time minus what the
+#    baseline would have taken for the same samples (start-up included), and once the total exceeds
+#    EXPLORE_LOSS_FRACTION of the run projected at the baseline's rate, no new candidate is tried.
+# 5. The finals: the best FINALISTS and the baseline, one stretch each per round, in rotated order,
+#    at least MIN_FINAL_ROUNDS rounds and more, up to MAX_FINAL_ROUNDS, while the verdict against the
+#    baseline is undecided. Then Ledger.decide: the challenger only when it wins with confidence.
+# 6. A settled configuration that measures slower than the baseline's rate is checked again
+#    (``recheck``): RECHECK_ROUNDS rounds of it against the baseline, decided by the same rule; the
+#    baseline is used again unless the settled configuration still wins with confidence.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from .decide import FINALISTS, PRUNE_RATIO, Decision, Ledger, Phase, estimate_workers
+from .measure import WARMUP_BATCHES, Measurement
+from .space import Candidate, SearchSpace
+
+log = logging.getLogger("autotune")
+
+STRETCH_MIN_BATCHES = 6
+"""Items measured per stretch after its warm-up: enough for a median, cheap on short epochs."""
+
+MIN_WAIT_TO_EXPLORE = 0.05
+"""Below this share of waiting at the baseline, faster loading cannot pay for trying it (NOTE 2)."""
+
+MAX_CANDIDATES = 8
+"""Candidates explored at most before the finals (the estimate makes more rarely worth it)."""
+
+EXPLORE_LOSS_FRACTION = 0.01
+"""Exploring stops once it has cost this share of the run projected at the baseline (NOTE 4)."""
+
+MIN_FINAL_ROUNDS = 2
+"""Rounds of the finals at least: the baseline then has three measurements and a noise estimate."""
+
+MAX_FINAL_ROUNDS = 4
+"""Rounds of the finals at most; undecided after them, the baseline is kept."""
+
+RECHECK_ROUNDS = 3
+"""Rounds of a settled configuration against the baseline when it is checked again (NOTE 6): three
+give each two degrees of freedom of noise, enough to tell a clear loss from a wobble."""
+
+
+def stretch_items(c: Candidate) -> int:
+    """Items a measured stretch of ``c`` needs at least: the warm-up, a second backlog, the window."""
+    backlog = c.num_workers * (c.prefetch_factor or 2)
+    return WARMUP_BATCHES + 2 * backlog + STRETCH_MIN_BATCHES + 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one stretch did: measured, failed, abandoned, or too short to say."""
+
+    candidate: Candidate
+    phase: Phase
+    measurement: Measurement | None = None
+    failure: str | None = None
+    abandoned: bool = False
+    samples: int = 0
+    wall_s: float = 0.0
+    """From the stretch's first fetch to its end, the user's steps and the start-up included."""
+
+
+@dataclass
+class Explorer:
+    """The online search of one loader (see NOTE [ Online search ])."""
+
+    space: SearchSpace
+    baseline: Candidate
+    ledger: Ledger
+    allowed_fields: dict[str, Any] = field(default_factory=dict)
+    """Candidate fields fixed by the user: every candidate has these values."""
+    cache_build_s: float | None = None
+    """The estimated build time of a cache (``None``: unknown or no cache applies)."""
+    start: Candidate | None = None
+    """The script's own settings when they are a starting point rather than the baseline."""
+    longest_stretch: int | None = None
+    """Items one measured stretch may take (a share of the epoch); ``None``: no bound."""
+    queue: list[Candidate] = field(default_factory=list)
+    phase: Phase = "baseline"
+    loss_s: float = 0.0
+    estimated: bool = False
+    neighbours_tried: bool = False
+    caches_tried: bool = False
+    threads_tried: bool = False
+    rounds: list[list[Candidate]] = field(default_factory=list)
+    finalists: list[Candidate] = field(default_factory=list)
+    decision: Decision | None = None
+
+    # -- what to serve -----------------------------------------------------------------------------
+
+    def next(self) -> tuple[Candidate, Phase] | None:
+        """The candidate for the next stretch and its phase, or ``None``: decided (see ``decision``)."""
+        if self.decision is not None:
+            return None
+        if self.phase == "baseline":
+            return self.baseline, "baseline"
+        if self.phase == "online":
+            self._fill_queue()
+            while self.queue and not self.allowed(self.queue[0]):
+                self.queue.pop(0)
+            if self.queue and self._may_explore():
+                return self.queue[0], "online"
+            self._start_rounds(MIN_FINAL_ROUNDS, "final")
+        return self._next_in_rounds()
+
+    def abandon_below(self, phase: Phase) -> float:
+        """Samples/s under which a stretch is abandoned early (0: never, as in finals)."""
+        return PRUNE_RATIO * self.ledger.best_sps if phase == "online" else 0.0
+
+    def allowed(self, c: Candidate) -> bool:
+        if c in self.ledger.tried() or self.space.check(c) is not None or not self.fits(c):
+            return False
+        return all(getattr(c, k) == v for k, v in self.allowed_fields.items())
+
+    def fits(self, c: Candidate) -> bool:
+        """Whether a stretch of ``c`` can be measured within ``longest_stretch`` items."""
+        return self.longest_stretch is None or stretch_items(c) <= self.longest_stretch
+
+    @classmethod
+    def recheck(cls, space: SearchSpace, baseline: Candidate, settled: Candidate, ledger: Ledger) -> Explorer:
+        """A search of ``settled`` against the baseline alone, in RECHECK_ROUNDS rounds (NOTE 6),
+        recorded in a ledger of its own: the machine may have changed since the first search."""
+        ex = cls(space, baseline, ledger, phase="recheck", estimated=True, neighbours_tried=True,
+                 caches_tried=True, threads_tried=True)
+        ex.finalists = [settled, baseline]
+        ex.rounds = [[settled, baseline] if r % 2 == 0 else [baseline, settled]
+                     for r in range(RECHECK_ROUNDS)]
+        return ex
+
+    # -- what was seen -----------------------------------------------------------------------------
+
+    def record(self, o: Outcome) -> None:
+        c = o.candidate
+        if o.failure is not None:
+            self.ledger.record(c, o.phase, "failed", reason=o.failure, duration_s=o.wall_s)
+        elif o.abandoned:
+            self.ledger.record(c, o.phase, "pruned", m=o.measurement, duration_s=o.wall_s,
+                               reason="abandoned: clearly slower than the best so far")
+        elif o.measurement is not None:
+            self.ledger.record(c, o.phase, "complete", m=o.measurement, duration_s=o.wall_s)
+        else:
+            # The epoch ended (or another iterator interfered) before a window was measured: the
+            # candidate is served again later, unless it was a final round's, which then moves on.
+            self._played(c)
+            return
+        if c in self.queue:
+            self.queue.remove(c)
+        self._played(c)
+        base = self.ledger.by_candidate.get(self.baseline)
+        if base and c != self.baseline and o.samples:
+            base_sps = base[0].measurement.samples_per_s if base[0].measurement else 0.0
+            if base_sps > 0:
+                self.loss_s += o.wall_s - o.samples / base_sps
+        if self.phase == "baseline":
+            self._after_baseline(o)
+
+    def _played(self, c: Candidate) -> None:
+        """A stretch of the round in progress was served: the round moves on."""
+        if self.phase in ("final", "recheck") and self.rounds and self.rounds[0] and self.rounds[0][0] == c:
+            self.rounds[0].pop(0)
+
+    def _after_baseline(self, o: Outcome) -> None:
+        m = o.measurement
+        if m is None:
+            if o.failure is not None:  # the user's own settings failed: nothing to compare against
+                self.decision = self.ledger.decide([self.baseline], self.baseline) if (
+                    self.baseline in self.ledger.by_candidate) else None
+            return  # no window yet: the baseline is served again
+        self.phase = "online"
+        if self.start is not None and self.allowed(self.start):
+            self.queue.append(self.start)
+        if m.wait_fraction < MIN_WAIT_TO_EXPLORE:
+            log.info("autotune: the step waits for data %.0f%% of the time with the baseline settings;"
+                     " only the torch thread count can help", 100 * m.wait_fraction)
+            self.estimated = self.neighbours_tried = self.caches_tried = True
+            return
+        self.estimated = True
+        self.queue.extend(self._from_estimate(m))
+
+    # -- the exploration queue ---------------------------------------------------------------------
+
+    def _may_explore(self) -> bool:
+        """Within MAX_CANDIDATES and the loss bound (NOTE 4)."""
+        explored = {r.candidate for r in self.ledger.records if r.phase == "online"}
+        if len(explored) >= MAX_CANDIDATES:
+            return False
+        projected = self._projected_run_s()
+        return projected is None or self.loss_s <= EXPLORE_LOSS_FRACTION * projected
+
+    def _projected_run_s(self) -> float | None:
+        base = self.ledger.by_candidate.get(self.baseline)
+        n = self.ledger.dataset_len
+        if not base or not n or base[0].measurement is None or base[0].measurement.samples_per_s <= 0:
+            return None
+        return self.ledger.epochs * n / base[0].measurement.samples_per_s
+
+    def _fill_queue(self) -> None:
+        if self.queue:
+            return
+        if not self.neighbours_tried:
+            self.neighbours_tried = True
+            self.queue.extend(self._neighbours())
+        if not self.queue and not self.caches_tried:
+            self.caches_tried = True
+            self.queue.extend(self._caches())
+        if not self.queue and not self.threads_tried:
+            self.threads_tried = True
+            best = self.ledger.pick(self.ledger.by_candidate)
+            if best is not None and "torch_threads" not in self.allowed_fields:
+                self.queue.extend(c for c in self._threads_around(best.candidate) if self.allowed(c))
+
+    def conform(self, c: Candidate) -> Candidate:
+        """``c`` with the user's fixed settings applied (prefetch and persistence made consistent)."""
+        fixed = {k: v for k, v in self.allowed_fields.items() if k in Candidate.__dataclass_fields__}
+        c = replace(c, **fixed)
+        if c.num_workers == 0:
+            return replace(c, prefetch_factor=None, persistent_workers=False, worker_kind="process",
+                           in_order=True)
+        pf = c.prefetch_factor if c.prefetch_factor in self.space.prefetch_factors else 2
+        return replace(c, prefetch_factor=pf,
+                       persistent_workers=self.space.persistent and c.worker_kind == "process")
+
+    def _from_estimate(self, m: Measurement) -> list[Candidate]:
+        """The worker count that would keep the step busy, with processes and with threads (NOTE 3)."""
+        base = replace(self.space.baseline(), batch_size=self.baseline.batch_size, torch_threads=None)
+        out: list[Candidate] = []
+        for kind, n in (("process", self.space.max_workers), ("thread", self.space.max_threads)):
+            fitting = [w for w in range(1, n + 1)
+                       if self.fits(replace(base, num_workers=w, prefetch_factor=2))]
+            if fitting:
+                out.append(self.conform(replace(base, num_workers=estimate_workers(m, max(fitting)),
+                                                worker_kind=kind, prefetch_factor=2)))
+        return [c for c in dict.fromkeys(out) if self.allowed(c)]
+
+    def _neighbours(self) -> list[Candidate]:
+        """One worker more and one fewer than the best so far, of its kind."""
+        best = self.ledger.pick(self.ledger.by_candidate)
+        if best is None or best.candidate.num_workers == 0:
+            return []
+        c = best.candidate
+        bound = self.space.max_workers if c.worker_kind == "process" else self.space.max_threads
+        out = [self.conform(replace(c, num_workers=w)) for w in (c.num_workers + 1, c.num_workers - 1)
+               if 1 <= w <= bound]
+        return [x for x in out if self.allowed(x)]
+
+    def _caches(self) -> list[Candidate]:
+        """The cache strategies, once the workers are known, where the build can still pay off.
+
+        A cache removes the per-sample work of its prefix but costs its build inside the user's
+        epoch: it is tried only while the best so far still waits for data long enough that the
+        time to win over the run exceeds the build's estimate; a cache not tried is recorded, with
+        the reason.
+        """
+        best = self.ledger.pick(self.ledger.by_candidate)
+        n = self.ledger.dataset_len
+        if best is None or not n:
+            return []
+        m = best.measurement
+        step_bound = m.samples_per_s / max(1e-9, 1.0 - m.wait_fraction)  # no waiting at all
+        to_win = self.ledger.epochs * n * (1.0 / m.samples_per_s - 1.0 / step_bound)
+        out: list[Candidate] = []
+        for strategy in ("ram", "device"):
+            if strategy not in self.space.pretransforms:
+                continue
+            cached = self.conform(replace(self.baseline, pretransform=strategy, num_workers=0))
+            if self.cache_build_s is not None and self.cache_build_s > to_win:
+                self.ledger.record(cached, "online", "infeasible", reason=(
+                    f"pretransform={strategy!r}: its build (~{self.cache_build_s:.1f} s) would cost more"
+                    f" than waiting for data costs the best configuration over {self.ledger.epochs}"
+                    f" epochs (~{to_win:.1f} s)"))
+                continue
+            out.append(cached)
+            if strategy == "ram" and self.space.max_threads > 0:
+                out.append(self.conform(replace(cached, num_workers=1, worker_kind="thread",
+                                                prefetch_factor=2)))
+        return [c for c in out if self.allowed(c)]
+
+    def _threads_around(self, best: Candidate) -> list[Candidate]:
+        current = best.torch_threads or torch.get_num_threads()
+        return [replace(best, torch_threads=t) for t in self.space.torch_threads
+                if t is not None and t != current]
+
+    # -- finals ------------------------------------------------------------------------------------
+
+    def _start_rounds(self, rounds: int, phase: Phase) -> None:
+        self.phase = phase
+        self.finalists = self.ledger.finalists(self.baseline, self.space)[:FINALISTS + 2]
+        if len(self.finalists) <= 1:
+            self.rounds = []
+            return
+        # The best first and the baseline second in round one, rotated after, as offline.
+        first = list(dict.fromkeys([self.finalists[0], self.baseline, *self.finalists[1:]]))
+        self.rounds = [first[r % len(first):] + first[:r % len(first)] for r in range(rounds)]
+
+    def _next_in_rounds(self) -> tuple[Candidate, Phase] | None:
+        while self.rounds and not self.rounds[0]:
+            self.rounds.pop(0)
+            if not self.rounds:
+                self._after_rounds()
+        if self.decision is not None:
+            return None
+        if not self.rounds:
+            self._after_rounds()
+            return None if self.decision is not None else self._next_in_rounds()
+        return self.rounds[0][0], self.phase
+
+    def _after_rounds(self) -> None:
+        decision = self.ledger.decide(self.finalists or [self.baseline], self.baseline)
+        verdict = decision.verdict
+        played = sum(1 for r in self.ledger.records if r.phase == self.phase and r.candidate == self.baseline)
+        undecided = verdict is not None and not verdict.wins and not verdict.loses
+        if undecided and self.phase == "final" and played < MAX_FINAL_ROUNDS:
+            self._start_rounds(1, "final")  # one more round while the verdict is open
+            if self.rounds:
+                return
+        self.decision = decision

@@ -1,0 +1,279 @@
+"""What tuning found: :class:`TuneResult`, built the same way by both drivers, and stored profiles.
+
+Below the drivers (``api``, ``loader``) and the reports that read it; it measures nothing. A stored
+profile is a ``TuneResult.to_dict()``; :func:`lookup` reads one back and refuses, with a warning, a
+record that parses but holds settings no loader could use.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from . import profiles
+from .decide import Decision, TrialRecord
+from .exceptions import ProfileStoreWarning
+from .space import PRETRANSFORMS, Candidate
+
+log = logging.getLogger("autotune")
+
+DEFAULT_BUDGET_S = 60.0
+"""A minute: enough for ~25 measured candidates on a small machine, short beside any training run."""
+
+DEFAULT_EPOCHS = 10
+"""Epochs a pre-transform cache and worker start-up are amortised over, when the user does not say."""
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The best DataLoader configuration found, with the evidence for it.
+
+    ``samples_per_s``, ``busy`` and ``wait_fraction`` are medians over the chosen configuration's
+    measurements. The baseline is what the user runs (their settings, or PyTorch's defaults where
+    they wrote none; ``baseline_kwargs``), measured in the same run. ``speedup`` is how much faster a
+    training run of ``epochs`` epochs goes than with the baseline, start-up and any pre-transform
+    build included (NOTE [ Score ] in decide.py), and ``speedup_low``..``speedup_high`` its interval
+    at ``confidence`` (NOTE [ Decisions ]); ``throughput_speedup`` is the ratio of steady-state
+    samples/s alone. A configuration replaces the baseline only when the whole interval is above 1:
+    otherwise the result *is* the baseline, and ``decision`` says why. ``torch_threads`` is the
+    main-process thread count the winner was measured with (``None``: leave it as it is).
+    ``load_average`` is the machine's one-minute load per usable CPU when tuning ended.
+    """
+
+    loader_kwargs: dict[str, Any]
+    pretransform: str = "none"
+    torch_threads: int | None = None
+    samples_per_s: float = 0.0
+    busy: float = 0.0
+    wait_fraction: float = 0.0
+    speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    confidence: float | None = None
+    throughput_speedup: float | None = None
+    baseline_kwargs: dict[str, Any] | None = None
+    baseline_samples_per_s: float | None = None
+    baseline_busy: float | None = None
+    baseline_wait_fraction: float | None = None
+    decision: str = ""
+    spread: float = 0.0
+    trials: tuple[TrialRecord, ...] = ()
+    device: str = "cpu"
+    epochs: int = DEFAULT_EPOCHS
+    budget_s: float = DEFAULT_BUDGET_S
+    tuning_s: float = 0.0
+    load_average: float | None = None
+    from_cache: bool = False
+    key: str | None = None
+    machine: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+    study_name: str | None = None
+    storage_url: str | None = None
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate.from_loader_kwargs(
+            self.loader_kwargs, pretransform=self.pretransform, torch_threads=self.torch_threads)
+
+    @property
+    def kept_baseline(self) -> bool:
+        """Whether the result is the baseline itself (nothing beat it with confidence)."""
+        return (self.baseline_kwargs is not None and self.baseline_kwargs == self.loader_kwargs
+                and self.pretransform == "none" and self.torch_threads is None)
+
+    def make_loader(self, dataset: Any, **overrides: Any) -> DataLoader[Any]:
+        """A DataLoader with the tuned settings, as measured; ``overrides`` win (``shuffle=True`` etc.).
+
+        It is an :class:`autotune.DataLoader` fixed to this result (it explores nothing): built by
+        the same builder the search measured with, the pre-transform applied (the cache is built once
+        per process and dataset), thread workers where they won, and the main process's torch thread
+        count set to ``torch_threads`` while it loads, put back by ``close()`` or when the loader is
+        collected. A tunable setting in ``overrides`` (``num_workers=0``, say) replaces the tuned one.
+        """
+        from .loader import DataLoader as TunedDataLoader  # the drop-in is built on this module
+
+        return TunedDataLoader.configured(dataset, self.candidate, device=self.device, **overrides)
+
+    def training_args(self) -> dict[str, Any]:
+        """The tuned settings as Hugging Face ``transformers.TrainingArguments`` keywords.
+
+        ``TrainingArguments(output_dir=..., **result.training_args())``. The Trainer builds a plain
+        DataLoader, which can start neither thread workers nor a pre-transform cache: when either
+        won, these are the best measured configuration without them. The main process's thread
+        count has no place there either (set it with ``torch.set_num_threads``).
+        """
+        c = self.candidate
+        if c.threaded or c.pretransform != "none":  # neither is the Trainer's to build
+            plain = [t for t in self.trials
+                     if t.state == "complete" and t.score is not None and not t.candidate.threaded
+                     and t.candidate.pretransform == "none"]
+            c = max(plain, key=lambda t: t.score or 0.0).candidate if plain else Candidate(c.batch_size)
+        return {
+            "dataloader_num_workers": c.num_workers,
+            "dataloader_pin_memory": c.pin_memory,
+            "dataloader_persistent_workers": c.persistent_workers if c.num_workers else False,
+            "dataloader_prefetch_factor": c.prefetch_factor if c.num_workers else None,
+        }
+
+    def diagnosis(self) -> str:
+        """One line on the bottleneck, before and after."""
+        if self.baseline_wait_fraction is None:
+            return f"tuned: the step waits for data {self.wait_fraction:.0%} of the time"
+        kind = "data-bound" if self.baseline_wait_fraction > 0.5 else "step-bound"
+        return (
+            f"{kind}: with the baseline settings the step waited {self.baseline_wait_fraction:.0%} of"
+            f" the time; tuned: {self.wait_fraction:.0%}"
+        )
+
+    def speedup_text(self) -> str | None:
+        """``1.42x (95 % interval 1.31-1.55x)``, or ``None`` without a baseline."""
+        if self.speedup is None:
+            return None
+        if self.speedup_low is None or self.speedup_high is None or not math.isfinite(self.speedup_high):
+            return f"{self.speedup:.2f}x (no interval: too few repeated measurements)"
+        return (f"{self.speedup:.2f}x ({self.confidence or 0:.0%} interval"
+                f" {self.speedup_low:.2f}-{self.speedup_high:.2f}x)")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["trials"] = [t.to_dict() for t in self.trials]
+        for name in ("speedup_low", "speedup_high"):  # JSON has no infinity
+            if data[name] is not None and not math.isfinite(data[name]):
+                data[name] = None
+        if data["storage_url"]:
+            data["storage_url"] = profiles.mask_url(data["storage_url"])
+        return data
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), default=str, **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **changes: Any) -> TuneResult:
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        fields["trials"] = tuple(TrialRecord.from_dict(t) for t in data.get("trials", ()))
+        if fields.get("storage_url"):
+            fields["storage_url"] = profiles.mask_url(fields["storage_url"])
+        fields.update(changes)
+        return cls(**fields)
+
+    def table(self) -> str:
+        """The trial table as text (see :mod:`autotune.report`)."""
+        from .report import trial_table  # the report reads this module
+
+        return trial_table(self)
+
+    def plot(self, path: str) -> str:
+        """Throughput against workers and busy fraction, saved to ``path`` (needs matplotlib)."""
+        from .report import plot  # the report reads this module
+
+        return plot(self, path)
+
+
+def from_decision(decision: Decision, trials: Sequence[TrialRecord], **context: Any) -> TuneResult:
+    """The result of a finished search, whichever driver ran it: the decision's chosen configuration,
+    its figures and the interval against the baseline; ``context`` fills the rest (device, epochs,
+    key, machine, workload, budget, timings, study)."""
+    chosen, base, verdict = decision.chosen, decision.baseline, decision.verdict
+    speedup = low = high = conf = None
+    if base is not None and base.score:
+        if chosen.candidate == base.candidate:
+            speedup = 1.0
+            if verdict is not None:  # the baseline kept: the interval is the challenger's, for the record
+                conf = verdict.confidence
+        else:
+            speedup = chosen.score / base.score
+        if verdict is not None and chosen.candidate != base.candidate:
+            low, high, conf = verdict.low, verdict.high, verdict.confidence
+    return TuneResult(
+        loader_kwargs=chosen.candidate.loader_kwargs(),
+        pretransform=chosen.candidate.pretransform,
+        torch_threads=chosen.candidate.torch_threads,
+        samples_per_s=chosen.samples_per_s,
+        busy=chosen.busy,
+        wait_fraction=chosen.wait_fraction,
+        speedup=speedup,
+        speedup_low=low,
+        speedup_high=high,
+        confidence=conf,
+        throughput_speedup=(chosen.samples_per_s / base.samples_per_s
+                            if base is not None and base.samples_per_s else None),
+        baseline_kwargs=base.candidate.loader_kwargs() if base is not None else None,
+        baseline_samples_per_s=base.samples_per_s if base is not None else None,
+        baseline_busy=base.busy if base is not None else None,
+        baseline_wait_fraction=base.wait_fraction if base is not None else None,
+        decision=decision.reason,
+        spread=chosen.spread,
+        trials=tuple(trials),
+        load_average=load_per_cpu(),
+        **context,
+    )
+
+
+def load_per_cpu() -> float | None:
+    """The one-minute load average per usable CPU (1.0: every core busy), where the OS reports it."""
+    try:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return round(os.getloadavg()[0] / max(1, cpus), 2)
+    except OSError:
+        return None
+
+
+def profile_problem(record: dict[str, Any]) -> str | None:
+    """Why a stored record cannot be used as a result (settings no loader accepts), or ``None``."""
+    kwargs = record.get("loader_kwargs")
+    if not isinstance(kwargs, dict):
+        return "it has no loader_kwargs object"
+
+    def is_int(v: Any, low: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    checks = (
+        ("batch_size", lambda v: is_int(v, 1), "a positive integer"),
+        ("num_workers", lambda v: v is None or is_int(v, 0), "a non-negative integer"),
+        ("worker_threads", lambda v: v is None or is_int(v, 1), "a positive integer"),
+        ("pin_memory", lambda v: v is None or isinstance(v, bool), "True or False"),
+        ("prefetch_factor", lambda v: v is None or is_int(v, 1), "a positive integer or null"),
+        ("prefetch_per_thread", lambda v: v is None or is_int(v, 1), "a positive integer or null"),
+        ("persistent_workers", lambda v: v is None or isinstance(v, bool), "True or False"),
+        ("in_order", lambda v: v is None or isinstance(v, bool), "True or False"),
+    )
+    for name, ok, rule in checks:
+        if name in kwargs and not ok(kwargs[name]):
+            return f"loader_kwargs {name}={kwargs[name]!r} must be {rule}"
+    if "batch_size" not in kwargs:
+        return "loader_kwargs has no batch_size"
+    if record.get("pretransform", "none") not in PRETRANSFORMS:
+        return f"pretransform={record.get('pretransform')!r} is not one of {PRETRANSFORMS}"
+    threads = record.get("torch_threads")
+    if threads is not None and not is_int(threads, 1):
+        return f"torch_threads={threads!r} must be a positive integer or null"
+    try:
+        TuneResult.from_dict(record).candidate  # noqa: B018 - the record must rebuild
+    except (TypeError, ValueError, KeyError) as err:
+        return f"it does not rebuild a result ({type(err).__name__}: {err})"
+    return None
+
+
+def lookup(store: profiles.ProfileStore, key: str) -> TuneResult | None:
+    """The stored profile for ``key`` as a result, or ``None`` (missing, or unusable: warned)."""
+    record = store.get(key)
+    if record is None:
+        return None
+    problem = profile_problem(record)
+    if problem is not None:
+        warnings.warn(
+            f"ignoring the stored profile {key} in {store.location}: {problem}. It is measured again"
+            " and replaced; or remove it with `autotune profiles clear`.",
+            ProfileStoreWarning, stacklevel=3,
+        )
+        return None
+    log.info("autotune: profile %s found in %s; not measuring", key, store.location)
+    return TuneResult.from_dict(record, from_cache=True)

@@ -1,0 +1,341 @@
+"""One drop-in loader's tuning across its epochs: the settings the user fixed, the baseline, the
+online search (``online.Explorer``) and its ledger, the settled configuration and the checks on it.
+
+Per-epoch state lives in the epoch's iterator (``epochs.py``); what outlives an epoch lives here.
+
+# NOTE [ Settled means proven ]
+# A configuration other than the baseline is kept only while it keeps its promise. After each whole
+# settled epoch its rate (samples over the epoch's wall time, the user's steps included, as the
+# stretches were measured) is compared with the baseline's measured rate: below it by more than the
+# measured noise (at least RECHECK_MARGIN) in SLOW_EPOCHS epochs in a row, the next epoch measures the
+# two side by side again (NOTE [ Online search ] 6 in online.py), and the baseline is used again
+# unless the settled configuration still wins with confidence; the log and the result say so.
+# Drift: when the share of time spent waiting for data rises DRIFT_WAIT_RISE above the first settled
+# epoch's in DRIFT_EPOCHS epochs in a row, the next epoch explores again, but never sooner than
+# MIN_EPOCHS_BETWEEN_SEARCHES epochs after the last search and only with epochs left to pay for it, so
+# a loaded machine cannot make the loader thrash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from . import pretransform as pt
+from . import profiles
+from .decide import Decision, Ledger, TrialRecord
+from .distributed import reduce_measurements
+from .measure import Measurement
+from .online import Explorer, Outcome
+from .plan import CUDA_DATA, Plan
+from .result import TuneResult, from_decision, lookup
+from .space import Candidate, SearchSpace
+
+log = logging.getLogger("autotune")
+
+MAX_SEARCH_EPOCHS = 2
+"""Epochs a search may take at most (and one fewer than the run); undecided at the end, the decision
+is made on what was measured: the baseline unless a challenger already wins with confidence."""
+
+SLOW_EPOCHS = 2
+"""Settled epochs in a row below the baseline's rate before it is measured again."""
+
+RECHECK_MARGIN = 0.05
+"""A settled epoch is slow when below the baseline's rate by more than this (or the noise, if more)."""
+
+DRIFT_WAIT_RISE = 0.25
+"""A rise of the waiting share this far above the first settled epoch is drift."""
+
+DRIFT_EPOCHS = 2
+"""Settled epochs in a row with drift before the loader explores again."""
+
+MIN_EPOCHS_BETWEEN_SEARCHES = 3
+"""Epochs at least from one search (or check) to the next."""
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """The tunable settings the user fixed (``None``: tuned), checked as torch checks them."""
+
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool | None = None
+    torch_threads: int | None = None
+    leave_threads: bool = False
+    """``torch_threads=None``: the main process's thread count is left as it is, never searched."""
+
+    def fields(self) -> dict[str, Any]:
+        """The candidate fields every candidate must have."""
+        out: dict[str, Any] = {}
+        if self.num_workers is not None:
+            out["num_workers"] = self.num_workers
+            if self.num_workers > 0:
+                out["worker_kind"] = "process"
+        if self.pin_memory is not None:
+            out["pin_memory"] = self.pin_memory
+        if self.prefetch_factor is not None:
+            out["prefetch_factor"] = self.prefetch_factor
+        if self.torch_threads is not None or self.leave_threads:
+            out["torch_threads"] = self.torch_threads
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.fields().items() if k != "worker_kind"} | (
+            {"persistent_workers": self.persistent_workers} if self.persistent_workers is not None else {})
+
+
+class Tuning:
+    """What one drop-in loader knows across epochs (see the module docstring)."""
+
+    def __init__(self, plan: Plan, fixed: Fixed, baseline: Candidate, *, start: Candidate | None,
+                 store_args: dict[str, Any] | None, origin: str, reads_in_main: bool,
+                 threads_allowed: bool) -> None:
+        self.plan = plan
+        self.fixed = fixed
+        self.baseline = baseline
+        self.start = start
+        self.store_args = store_args
+        self.origin = origin
+        self.reads_in_main = reads_in_main
+        """Whether the user's settings read samples in the main process (then planning a cache may)."""
+        self.threads_allowed = threads_allowed
+        self.ledger = Ledger(plan.dataset_len, plan.epochs)
+        self.history: list[TrialRecord] = []
+        """Trials of earlier searches (a drift's, a check's), kept for the report."""
+        self.explorer: Explorer | None = None
+        self.space: SearchSpace | None = None
+        self.settled: Candidate | None = None
+        self.result: TuneResult | None = None
+        self.cuda_data = False
+        self.epochs_done = 0
+        self.search_epochs = 0
+        self.last_search_at = 0
+        self.reference_wait: float | None = None
+        self.slow = 0
+        self.drifting = 0
+        self.pending: str | None = None
+        """Why the next epoch searches again (a check or drift), or ``None``."""
+        self.noise_sd = 0.0
+        """The spread (standard deviation of log-scores) the last search measured."""
+
+    # -- the search --------------------------------------------------------------------------------
+
+    @property
+    def together(self) -> bool:
+        return self.plan.dist is not None
+
+    @property
+    def searching(self) -> bool:
+        return self.settled is None
+
+    def next_candidate(self) -> tuple[Candidate, Any] | None:
+        if self.explorer is None:
+            return (self.baseline, "baseline") if not self.ledger.records else None
+        return self.explorer.next()
+
+    def serving(self) -> Candidate:
+        """What serves when nothing is measured: the settled configuration, else the baseline."""
+        return self.settled or self.baseline
+
+    def abandon_below(self, phase: Any) -> float:
+        if self.explorer is None or self.together:
+            return 0.0
+        return self.explorer.abandon_below(phase)
+
+    def record(self, outcome: Outcome) -> None:
+        if self.together:
+            outcome = self._agree(outcome)
+        if self.explorer is None:
+            if outcome.measurement is None and outcome.failure is None:
+                return  # no window yet: the baseline serves again
+            self._start_search()
+        assert self.explorer is not None
+        self.explorer.record(outcome)
+
+    def _start_search(self) -> None:
+        space, refused = self._space()
+        ctx = self.plan.dist
+        build_s = pt.estimate_build_s(self.plan.dataset) if set(space.pretransforms) - {"none"} else None
+        if ctx is not None:  # rank 0's view, so that every rank explores the same space
+            space, build_s = ctx.broadcast((space, build_s) if ctx.leader else None)
+        self.space = space
+        self.explorer = Explorer(space, self.baseline, self.ledger, allowed_fields=self.fixed.fields(),
+                                 cache_build_s=build_s, start=self.start)
+        for strategy, why in refused.items():
+            self.ledger.record(replace(self.baseline, pretransform=strategy), "online", "infeasible",
+                               reason=f"pretransform={strategy!r}: {why}")
+
+    def _space(self) -> tuple[SearchSpace, dict[str, str]]:
+        plan = self.plan
+        strategies = plan.strategies if self.reads_in_main and not plan.iterable else ("none",)
+        max_workers = plan.max_workers
+        excluded = dict(plan.excluded)
+        if self.cuda_data:
+            max_workers = 0
+            excluded["num_workers>0"] = CUDA_DATA
+        if plan.iterable:
+            # A stream keeps the workers it was given: more would replay it, unless it shards.
+            max_workers = self.fixed.num_workers or 0
+            excluded["num_workers>0"] = (
+                "a stream is served by the workers it was given: more workers replay an"
+                " IterableDataset that does not shard itself")
+        plan = replace(plan, strategies=strategies, max_workers=max_workers, excluded=excluded,
+                       max_threads=plan.max_threads if self.threads_allowed else 0)
+        return plan.space()
+
+    def _agree(self, o: Outcome) -> Outcome:
+        """Every rank ends the stretch with the same outcome (NOTE [ Exploring under torchrun ])."""
+        ctx = self.plan.dist
+        assert ctx is not None
+        m = o.measurement
+        mine = (("failed", o.failure) if o.failure is not None
+                else ("ok", m.to_dict()) if m is not None else ("none", None))
+        outcomes = ctx.gather(mine)
+        failed = [(rank, text) for rank, (kind, text) in enumerate(outcomes) if kind == "failed"]
+        if failed:
+            return replace(o, failure=f"failed on rank {failed[0][0]}: {failed[0][1]}", measurement=None,
+                           abandoned=False)
+        if all(kind == "ok" for kind, _ in outcomes):
+            reduced = reduce_measurements([Measurement.from_dict(d) for _, d in outcomes])
+            return replace(o, measurement=reduced, abandoned=False)
+        return replace(o, measurement=None, abandoned=False)
+
+    def decision_due(self) -> Decision | None:
+        """The explorer's decision once it has one."""
+        return self.explorer.decision if self.explorer is not None else None
+
+    def force_decision(self) -> Decision:
+        """The search ran out of epochs: decide on what was measured (the baseline unless a
+        challenger already wins with confidence)."""
+        finalists = self.ledger.finalists(self.baseline, self.space)
+        if self.baseline not in self.ledger.by_candidate and not finalists:
+            raise self.ledger.failure()
+        return self.ledger.decide(finalists or [self.baseline], self.baseline)
+
+    # -- settling ----------------------------------------------------------------------------------
+
+    def settle(self, decision: Decision, *, phase_note: str = "") -> Candidate:
+        self.result = self._result(decision)
+        c = decision.chosen.candidate
+        if self.store_args is not None and (self.plan.dist is None or self.plan.dist.leader):
+            with self.store() as store:
+                store.put(self.plan.key, self.result.to_dict())
+        var, df = self.ledger.noise()
+        self.noise_sd = math.sqrt(var) if df and math.isfinite(var) else 0.0
+        self.history.extend(self.ledger.records)
+        self.explorer = None
+        self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
+        self.settled = c
+        self.last_search_at = self.epochs_done
+        self.reference_wait = None
+        self.slow = self.drifting = 0
+        log.info("autotune: the loader at %s settled on %s: %s%s", self.origin, c.label(),
+                 decision.reason, phase_note)
+        return c
+
+    def settle_from_profile(self, result: TuneResult | None, c: Candidate) -> None:
+        """Settled from the start: a stored profile, or a configuration given (``make_loader``)."""
+        self.result = result
+        self.settled = c
+
+    def _result(self, decision: Decision) -> TuneResult:
+        trials = tuple(self.history) + tuple(self.ledger.records)
+        return from_decision(
+            decision, trials, device=str(self.plan.device), epochs=self.plan.epochs, budget_s=0.0,
+            tuning_s=sum(r.duration_s for r in trials), key=self.plan.key,
+            machine=self.plan.machine.fingerprint(), workload=self.plan.workload,
+        )
+
+    def partial_result(self) -> TuneResult | None:
+        """What was measured so far, before a decision."""
+        if self.result is not None and self.searching is False:
+            return self.result
+        if not self.ledger.by_candidate:
+            return self.result
+        try:
+            return self._result(self.force_decision())
+        except BaseException:  # noqa: BLE001 - nothing measured completes a decision yet
+            return self.result
+
+    @contextlib.contextmanager
+    def store(self) -> Iterator[profiles.ProfileStore]:
+        """The profile store, open only while it is used (a database's connections are let go)."""
+        assert self.store_args is not None
+        store = profiles.open_store(**self.store_args)
+        try:
+            yield store
+        finally:
+            store.close()
+
+    def lookup(self) -> TuneResult | None:
+        if self.store_args is None:
+            return None
+        with self.store() as store:
+            hit = lookup(store, self.plan.key)
+        ctx = self.plan.dist
+        if ctx is not None:  # rank 0's answer, so that every rank explores, or none
+            shared = ctx.broadcast(hit.to_dict() if ctx.leader and hit is not None else None)
+            hit = TuneResult.from_dict(shared, from_cache=True) if shared is not None else None
+        return hit
+
+    # -- after each epoch (NOTE [ Settled means proven ]) -----------------------------------------
+
+    def end_search_epoch(self) -> Candidate | None:
+        """An epoch of searching ended; the configuration settled on when the search is over."""
+        self.epochs_done += 1
+        self.search_epochs += 1
+        allowed = max(1, min(MAX_SEARCH_EPOCHS, self.plan.epochs - 1))
+        if self.settled is not None or self.search_epochs < allowed:
+            return None
+        if not self.ledger.by_candidate:  # epochs too short to measure anything: nothing to store
+            self.settled = self.baseline
+            return self.baseline
+        return self.settle(self.force_decision(), phase_note=" (the search ran out of epochs)")
+
+    def end_settled_epoch(self, samples: int, wall_s: float, wait_s: float) -> None:
+        self.epochs_done += 1
+        if samples <= 0 or wall_s <= 0:
+            return
+        rate, wait = samples / wall_s, min(1.0, wait_s / wall_s)
+        if self.together:
+            ctx = self.plan.dist
+            assert ctx is not None
+            gathered = ctx.gather((rate, wait))
+            rate, wait = min(r for r, _ in gathered), max(w for _, w in gathered)
+        result = self.result
+        base_rate = result.baseline_samples_per_s if result is not None else None
+        if self.settled != self.baseline and base_rate:
+            margin = max(RECHECK_MARGIN, 2.0 * self.noise_sd)
+            self.slow = self.slow + 1 if rate < base_rate * (1.0 - margin) else 0
+        if self.reference_wait is None:
+            self.reference_wait = wait
+        self.drifting = self.drifting + 1 if wait > self.reference_wait + DRIFT_WAIT_RISE else 0
+        rested = self.epochs_done - self.last_search_at >= MIN_EPOCHS_BETWEEN_SEARCHES
+        left = self.plan.epochs - self.epochs_done
+        if rested and self.slow >= SLOW_EPOCHS:
+            self.pending = (f"the loader at {self.origin} ran {rate:,.0f} samples/s on {self.settled.label()}"
+                            f" against the baseline's {base_rate:,.0f}; measuring the two side by side again"
+                            if self.settled is not None and base_rate else None)
+        elif rested and self.drifting >= DRIFT_EPOCHS and left >= 2:
+            self.pending = (f"the loader at {self.origin} waited {wait:.0%} of an epoch for data, against"
+                            f" {self.reference_wait:.0%} when it settled; exploring again")
+
+
+    def begin_epoch(self) -> None:
+        """Start what a check or a drift asked for, at an epoch boundary."""
+        if self.pending is None or self.settled is None:
+            return
+        why, self.pending = self.pending, None
+        log.info("autotune: %s", why)
+        settled, self.settled = self.settled, None
+        self.search_epochs = 0
+        self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
+        if self.slow >= SLOW_EPOCHS and self.space is not None and settled != self.baseline:
+            self.explorer = Explorer.recheck(self.space, self.baseline, settled, self.ledger)
+        else:
+            self.explorer = None  # a new search, from the baseline
