@@ -54,7 +54,9 @@ def handmade() -> TuneResult:
     )
     return TuneResult(
         loader_kwargs=best.loader_kwargs(), pretransform="ram", torch_threads=1, samples_per_s=2550.0,
-        busy=0.91, wait_fraction=0.09, speedup=2.49, baseline_samples_per_s=1025.0, baseline_busy=0.3,
+        busy=0.91, wait_fraction=0.09, speedup=2.49, speedup_low=2.31, speedup_high=2.68, confidence=0.95,
+        baseline_kwargs=base.loader_kwargs(), decision="bs=64 w=2 pf=2 persist ram t=1 beats the baseline",
+        baseline_samples_per_s=1025.0, baseline_busy=0.3,
         baseline_wait_fraction=0.7, spread=0.04, trials=trials, tuning_s=59.0, key="0123456789abcdef",
         study_name="autotune-test", storage_url="postgresql://me:secret@db.example/autotune",
     )
@@ -150,7 +152,8 @@ def test_the_summary_says_how_to_apply_threads_pretransform_and_where_it_came_fr
     text = report.summary_text(result)
     assert "torch.set_num_threads(1)" in text
     assert "result.make_loader(dataset" in text and "pretransform='ram'" in text
-    assert "2.49x over PyTorch's defaults for" in text and "defaults: 1,025 samples/s" in text
+    assert "2.49x (95% interval 2.31-2.68x) over PyTorch's defaults for" in text
+    assert "baseline: 1,025 samples/s" in text and "Decision:    bs=64 w=2" in text
     assert "spread 4%" in text and "median of 2 measurements" in text
     assert result.diagnosis() in text
     cached = report.summary_text(TuneResult.from_dict(result.to_dict(), from_cache=True))

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import torch
 
+from autotune.decide import describe_error
 from autotune.exceptions import ProfileStoreWarning
 from autotune.measure import Measurement
 from autotune.space import Candidate, SearchSpace
-from autotune.study import MAX_FINAL_ROUNDS, MIN_FINAL_ROUNDS, SearchSettings, describe_error, run_search
+from autotune.study import MAX_FINAL_ROUNDS, MIN_FINAL_ROUNDS, SearchSettings, run_search
 
 
 def _stand_in(speed: dict[int, list[float]]) -> Callable[..., Measurement]:
@@ -104,7 +105,8 @@ def test_a_study_database_that_cannot_be_opened_is_named_without_its_password() 
 
 def test_the_search_starts_from_the_estimated_worker_count() -> None:
     # Loading takes 30 ms a batch without workers and the step 10 ms: three workers keep the step busy.
-    from autotune.study import estimate_workers, warm_starts
+    from autotune.decide import estimate_workers
+    from autotune.study import warm_starts
 
     baseline = Measurement(samples_per_s=800.0, busy=0.25, wait_fraction=0.75, step_ms=10.0, wait_ms=30.0,
                            startup_s=0.0, batches=20, samples=640, window_s=0.8, peak_memory_bytes=0)

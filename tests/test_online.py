@@ -1,0 +1,129 @@
+"""The drop-in's search policy (NOTE [ Online search ] in autotune/online.py), driven with a stand-in
+for the stretches it would serve: each candidate's samples/s are the test's figures, cycled, so that
+which configuration wins, and when the search stops, are exact. The real stretches, the real
+measurements and the user's loop are in test_loader.py; here only the decisions are."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from autotune.decide import Ledger
+from autotune.measure import Measurement
+from autotune.online import MAX_CANDIDATES, Explorer, Outcome
+from autotune.space import Candidate, SearchSpace
+
+BASE = Candidate(32)
+SAMPLES = 3200
+"""Samples each stand-in stretch serves."""
+
+
+def measurement(sps: float, wait: float) -> Measurement:
+    return Measurement(samples_per_s=sps, busy=1 - wait, wait_fraction=wait, step_ms=10.0,
+                       wait_ms=10.0 * wait / max(1e-9, 1 - wait), startup_s=0.0, batches=100,
+                       samples=SAMPLES, window_s=SAMPLES / sps, peak_memory_bytes=0)
+
+
+def run(space: SearchSpace, rate: Callable[[Candidate], Iterator[float]], *, wait: float = 0.75,
+        dataset_len: int = 50_000, epochs: int = 10,
+        max_stretches: int = 80) -> tuple[Explorer, list[Candidate]]:
+    """Serve the explorer's candidates until it decides; return it and what it served, in order."""
+    ledger = Ledger(dataset_len, epochs)
+    ex = Explorer(space, BASE, ledger)
+    rates: dict[Candidate, Iterator[float]] = {}
+    served: list[Candidate] = []
+    for _ in range(max_stretches):
+        nxt = ex.next()
+        if nxt is None:
+            return ex, served
+        c, phase = nxt
+        sps = next(rates.setdefault(c, rate(c)))
+        served.append(c)
+        ex.record(Outcome(c, phase, measurement(sps, wait if c == BASE else 0.1), samples=SAMPLES,
+                          wall_s=SAMPLES / sps))
+    raise AssertionError(f"no decision after {max_stretches} stretches: {[c.label() for c in served]}")
+
+
+def steady(figures: dict[str, float], default: float = 100.0) -> Callable[[Candidate], Iterator[float]]:
+    """samples/s by kind: 'base', 'process', 'thread'; the same every time."""
+    def rate(c: Candidate) -> Iterator[float]:
+        kind = "base" if c.num_workers == 0 else c.worker_kind
+        return itertools.repeat(figures.get(kind, default))
+    return rate
+
+
+SPACE = SearchSpace(batch_sizes=(32,), max_workers=4, max_threads=4, prefetch_factors=(2,),
+                    baseline_batch_size=32)
+
+
+def test_a_clear_win_is_found_confirmed_and_chosen() -> None:
+    ex, served = run(SPACE, steady({"base": 100.0, "process": 400.0, "thread": 200.0}))
+    assert ex.decision is not None and ex.decision.chosen.candidate.worker_kind == "process"
+    assert ex.decision.verdict is not None and ex.decision.verdict.wins
+    # The finals measured the winner and the baseline again, side by side.
+    finals = [r for r in ex.ledger.records if r.phase == "final"]
+    assert {r.candidate for r in finals} >= {BASE, ex.decision.chosen.candidate}
+    assert sum(r.candidate == BASE for r in finals) >= 2
+
+
+def test_nothing_to_win_keeps_the_baseline_without_exploring() -> None:
+    # The baseline waits 2 % of the time: no loader can make the run more than 2 % faster.
+    ex, served = run(SPACE, steady({"base": 100.0, "process": 400.0}), wait=0.02)
+    assert ex.decision is not None and ex.decision.kept_baseline
+    assert served == [BASE]  # no candidate was tried
+
+
+def test_a_noisy_machine_keeps_the_baseline() -> None:
+    # Workers look 10 % faster on average, but every window wobbles by +-40 %: not a confident win.
+    def rate(c: Candidate) -> Iterator[float]:
+        base = 110.0 if c.num_workers else 100.0
+        return itertools.cycle([base * 1.4, base * 0.6, base])
+    ex, _ = run(SPACE, rate)
+    assert ex.decision is not None and ex.decision.kept_baseline
+    v = ex.decision.verdict
+    assert v is not None and v.low < 1.0 < v.high
+
+
+def test_slower_candidates_end_the_exploration_within_its_loss_bound() -> None:
+    # Every candidate is a quarter of the baseline's speed: exploring costs time, so it stops early,
+    # after far fewer than MAX_CANDIDATES, and the baseline is kept.
+    ex, served = run(SPACE, steady({"base": 400.0, "process": 100.0, "thread": 100.0}),
+                     dataset_len=2_000, epochs=2)
+    explored = {c for c in served if c != BASE}
+    assert ex.decision is not None and ex.decision.kept_baseline
+    assert len(explored) < MAX_CANDIDATES
+    projected = 2 * 2_000 / 400.0
+    assert ex.loss_s > 0.01 * projected  # it stopped because the bound was spent
+
+
+def test_a_recheck_goes_back_to_the_baseline_when_the_settled_one_no_longer_wins() -> None:
+    settled = Candidate(32, num_workers=2, prefetch_factor=2, persistent_workers=True)
+    ledger = Ledger(50_000, 10)
+    ex = Explorer.recheck(SPACE, BASE, settled, ledger)
+    figures = {BASE: itertools.cycle([100.0, 104.0, 97.0]), settled: itertools.cycle([90.0, 95.0, 92.0])}
+    while (nxt := ex.next()) is not None:
+        c, phase = nxt
+        assert phase == "recheck"
+        sps = next(figures[c])
+        ex.record(Outcome(c, phase, measurement(sps, 0.5), samples=SAMPLES, wall_s=SAMPLES / sps))
+    assert ex.decision is not None and ex.decision.kept_baseline
+    assert sum(r.candidate == settled for r in ledger.records) == 3
+
+
+def test_fixed_settings_are_never_searched() -> None:
+    ledger = Ledger(50_000, 10)
+    base = Candidate(32, num_workers=2, prefetch_factor=4, persistent_workers=True)
+    space = replace(SPACE, prefetch_factors=(2, 4))
+    ex = Explorer(space, base, ledger, allowed_fields={"num_workers": 2, "prefetch_factor": 4,
+                                                       "worker_kind": "process"})
+    tried: list[Candidate] = []
+    for _ in range(40):
+        nxt = ex.next()
+        if nxt is None:
+            break
+        c, phase = nxt
+        tried.append(c)
+        ex.record(Outcome(c, phase, measurement(100.0, 0.5), samples=SAMPLES, wall_s=SAMPLES / 100.0))
+    assert ex.decision is not None
+    assert all((c.num_workers, c.prefetch_factor, c.worker_kind) == (2, 4, "process") for c in tried)
