@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..exceptions import CandidateInfeasible
+from ..exceptions import CandidateInfeasible, ShapeChanged
 
 log = logging.getLogger("autotune.pretransform")
 
@@ -299,14 +299,6 @@ class _RaggedWriter:
 
 
 # ------------------------------------------------------------------------------------------- fill
-
-
-class ShapeChanged(CandidateInfeasible):
-    """A field the probes saw with one shape has another shape in a later sample."""
-
-    def __init__(self, message: str, fields: tuple[int, ...]) -> None:
-        super().__init__(message)
-        self.fields = fields
 
 
 def _shape_only(layout: Layout, sample: Any, is_seq: bool) -> tuple[int, ...]:
