@@ -399,7 +399,7 @@ class MostlySquare(Dataset[Any]):
     """Float images whose probed samples (every 4th or so) are 20x20 and the others 21x19."""
 
     def __init__(self, n: int = 30) -> None:
-        probes = set(pt.plan.probe_indices(n))
+        probes = set(pt.split.probe_indices(n))
         gen = torch.Generator().manual_seed(0)
         self.images = [
             torch.rand((3, 20, 20) if i in probes else (3, 21, 19), generator=gen) for i in range(n)
@@ -432,8 +432,8 @@ def test_a_build_reads_in_worker_processes_and_stores_the_same(
         ds.set_transform(hf_transform)
     serial = pt.prepare(ds, "ram", device=CPU)
     pt.clear_builds()
-    monkeypatch.setattr(pt, "PARALLEL_BUILD_SAMPLES", 8)  # 24 samples: read by two workers
-    monkeypatch.setattr(pt, "BUILD_CHUNK", 5)
+    monkeypatch.setattr(pt.build, "PARALLEL_BUILD_SAMPLES", 8)  # 24 samples: read by two workers
+    monkeypatch.setattr(pt.build, "BUILD_CHUNK", 5)
     parallel = pt.prepare(ds, "ram", device=CPU)
     assert parallel is not serial and parallel.nbytes == serial.nbytes
     for a, b in zip(serial.dataset.fields, parallel.dataset.fields, strict=True):

@@ -145,6 +145,12 @@ def is_ragged(layout: Layout) -> bool:
     return any(kind in RAGGED_KINDS for kind, _, _ in layout)
 
 
+def tensor_types(sample: Any) -> tuple[type, ...]:
+    """Per field of ``sample``: its tensor subclass (a tv_tensors.Image, say), torch.Tensor otherwise."""
+    fields = list(sample) if isinstance(sample, (tuple, list)) else [sample]
+    return tuple(type(v) if isinstance(v, torch.Tensor) else torch.Tensor for v in fields)
+
+
 # -------------------------------------------------------------------------------------- estimates
 
 
