@@ -73,6 +73,8 @@ class MeasureLimits:
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     memory_limit_bytes: int | None = None
     """Ceiling on the PSS of this process plus all its children; ``None``: no memory guard."""
+    cache_budget_bytes: int | None = None
+    """Ceiling on what a ``ram`` pre-transform cache may hold: its build stops above it; ``None``: none."""
 
     def __post_init__(self) -> None:
         for name in ("window_s", "batch_timeout_s", "trial_timeout_s"):
@@ -342,7 +344,8 @@ def measure(
         try:
             try:
                 # Inside the guard: building a pre-transform cache counts against the trial's limits.
-                prepared = pt.prepare(dataset, candidate.pretransform, device=device)
+                prepared = pt.prepare(dataset, candidate.pretransform, device=device,
+                                      memory_budget_bytes=limits.cache_budget_bytes)
                 built = build_loader(
                     dataset, candidate, device=device, shuffle=shuffle, collate_fn=collate_fn,
                     seed=seed, batch_timeout_s=limits.batch_timeout_s, prepared=prepared,

@@ -233,6 +233,21 @@ def test_decoded_images_over_the_budget_are_refused_with_the_figures(tmp_path: P
         pt.prepare(ds, "ram", device=CPU, memory_budget_bytes=50_000)
 
 
+def test_a_build_stops_at_the_budget_its_caller_passes_and_no_other(tmp_path: Path) -> None:
+    from autotune.measure import MeasureLimits, measure
+    from autotune.space import Candidate
+
+    ds = ImageFolder(str(write_mixed_folder(tmp_path / "images")), transform=T.RandomResizedCrop(16))
+    assert pt.strategies(ds, cuda=False, memory_budget_bytes=100_000)["ram"] is not None
+    # The budget strategies() checked is not remembered: a build has the ceiling it is given, here none.
+    assert pt.prepare(ds, "ram", device=CPU).nbytes > 100_000
+    pt.clear_builds()
+    # The search hands its measurements the cache budget with their other limits.
+    limits = MeasureLimits(window_s=0.05, min_batches=2, max_batches=4, cache_budget_bytes=50_000)
+    with pytest.raises(CandidateInfeasible, match=r"outgrew the memory budget of 48\.8 KiB"):
+        measure(ds, Candidate(batch_size=8, pretransform="ram"), limits=limits)
+
+
 def test_a_user_collate_fn_gets_pil_images_when_the_pipeline_gives_them(tmp_path: Path) -> None:
     ds = ImageFolder(str(write_mixed_folder(tmp_path / "images")), transform=T.RandomResizedCrop(16))
     prepared = pt.prepare(ds, "ram", device=CPU)

@@ -7,7 +7,9 @@ Interface used by the rest of the package (keep these names and shapes):
   every strategy name mapped to ``None`` when usable for this dataset, or the reason it is refused.
 - ``prepare(dataset, strategy, *, device, memory_budget_bytes=None, progress=None) -> Prepared``: the
   wrapped dataset (built once per process and dataset, rebuilt when what it froze changed), the
-  collate function to use with it, the build time and the cache size.
+  collate function to use with it, the build time and the cache size. A ``ram`` build stops above
+  ``memory_budget_bytes`` (None: no ceiling): the caller passes the budget it checked with
+  ``strategies``.
 - ``Prepared.loader_parts(collate_fn) -> (dataset, collate_fn)``: what to hand to a DataLoader, with
   or without the user's own collate function.
 - ``Prepared.stale_reason() -> str | None`` and ``Prepared.check_fresh() -> bool``: whether the cache

@@ -33,13 +33,10 @@ def strategies(
     Cheap: it reads a few samples (PROBE_SAMPLES, through the deterministic prefix). The memory a
     cache needs is estimated from them: bytes per sample times ``len(dataset)``, exact for fixed-size
     samples, the probes' mean for samples of their own sizes (the spread is reported). Once a cache
-    was built, its real size replaces the estimate; a build that outgrows ``memory_budget_bytes``
-    stops and is refused with the real figures.
+    was built, its real size replaces the estimate. A budget of None sets no ceiling.
     """
     reasons: dict[str, str | None] = {"none": None}
     plan, _ = plan_for(dataset)
-    if plan.reason is None:
-        plan.budget_bytes = memory_budget_bytes
     budgets = {
         "ram": (memory_budget_bytes, "memory budget"),
         "device": (device_memory_budget_bytes, "device memory budget"),
@@ -79,10 +76,10 @@ def prepare(
     caches on ``device`` (``num_workers=0``; a CPU device is accepted as a stand-in). A second call
     for the same dataset object, strategy and device returns the first build while the dataset is
     alive and nothing the cache froze has changed (NOTE [ Fresh caches ]); after a change it warns
-    (StaleCacheWarning, naming what changed) and builds again. A build stops when it outgrows
-    ``memory_budget_bytes`` (by default the budget last given to ``strategies``); ``progress`` is
-    called with (samples done, samples in all) while it runs. Raises ``ConfigurationError`` for an
-    unknown strategy and ``CandidateInfeasible`` when the dataset cannot be cached.
+    (StaleCacheWarning, naming what changed) and builds again. A ``ram`` build stops when it outgrows
+    ``memory_budget_bytes`` (None: no ceiling); ``progress`` is called with (samples done, samples in
+    all) while it runs. Raises ``ConfigurationError`` for an unknown strategy and
+    ``CandidateInfeasible`` when the dataset cannot be cached.
     """
     if strategy not in STRATEGIES:
         raise ConfigurationError(
@@ -104,10 +101,9 @@ def prepare(
         raise CandidateInfeasible(f"pretransform={strategy!r}: {plan.reason}")
     if strategy == "device" and (plan.table is not None or is_ragged(plan.layout)):
         raise CandidateInfeasible(f"pretransform='device': {RAM_ONLY}")
-    budget = memory_budget_bytes if memory_budget_bytes is not None else plan.budget_bytes
     prepared = build(
-        dataset, plan, strategy, device=device, memory_budget_bytes=budget if strategy == "ram" else None,
-        progress=progress,
+        dataset, plan, strategy, device=device,
+        memory_budget_bytes=memory_budget_bytes if strategy == "ram" else None, progress=progress,
     )
     keep_build(dataset, key, plan, prepared)
     return prepared

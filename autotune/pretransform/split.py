@@ -72,8 +72,6 @@ class CachePlan:
     """(label, step) of the user's steps whose parameters the cache froze (the prefix, and steps
     the plan rebuilt)."""
     fingerprint: tuple[Part, ...] = ()
-    budget_bytes: int | None = None
-    """The memory budget ``strategies`` last checked this plan against; a build stops above it."""
     real_bytes: int | None = None
     """What a build of this plan held, once one was made (the estimate is then replaced by it)."""
     layout: Layout = dataclasses.field(default_factory=list)
