@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from . import sources
-from .fresh import Part, difference, identity_part, step_part
+from .fresh import Part, dataset_parts, difference, identity_part, opaque_reason, step_parts, value_part
 from .steps import (
     DETERMINISTIC,
     PER_PIXEL,
@@ -272,11 +272,15 @@ def _split(dataset: Any, source: sources.Source, indices: list[int], field: int 
     inputs = [raw[i] if field is None else raw[i][field] for i in indices]
     values = list(inputs)
     lead = 0
-    for step in steps:
+    unseen = None
+    for k, step in enumerate(steps):
         if known_random(step):
             break
         known = is_torchvision(step) and step_name(step) in DETERMINISTIC
         if not known and not _deterministic(step, values):
+            break
+        # A step whose inputs cannot be fingerprinted is not frozen: the prefix stops before it.
+        if (unseen := opaque_reason(step_parts(_label(k, step), step), _label(k, step))) is not None:
             break
         values = [step(x) for x in values]
         lead += 1
@@ -330,6 +334,9 @@ def _split(dataset: Any, source: sources.Source, indices: list[int], field: int 
         )
     if not out:
         first = steps[0]
+        if unseen is not None:
+            out.append(CachePlan(f"the transform's {unseen}"))
+            return out
         why = (
             "is random"
             if known_random(first)
@@ -368,6 +375,8 @@ def make_cache_plan(dataset: Any) -> CachePlan:
     try:
         if sources.is_table(dataset):
             return _table_plan(dataset, indices, n)
+        if (unseen := opaque_reason(dataset_parts(dataset), "dataset[i]")) is not None:
+            return CachePlan(unseen)
         transform = getattr(dataset, "transform", None)
         source = sources.vision_source(dataset)
         if source is not None:
@@ -388,7 +397,10 @@ def make_cache_plan(dataset: Any) -> CachePlan:
             plan = CachePlan(None, None, probe=probe, detail="cached: whole samples", length=n)
             every = sources.transform_steps(transform) if transform is not None else []
             plan.frozen = _labelled(every, every)
-            if (reason := _layout_reason(plan)) is not None:
+            frozen_parts = [p for label, step in plan.frozen for p in step_parts(label, step)]
+            if (reason := opaque_reason(frozen_parts, "the whole sample's transform")) is not None:
+                reasons.insert(0, reason)
+            elif (reason := _layout_reason(plan)) is not None:
                 reasons.insert(0, reason)  # the whole sample's layout says most
             elif _prove(dataset, plan, indices):
                 plan.fingerprint = fingerprint(dataset, plan)
@@ -436,16 +448,19 @@ def fingerprint(dataset: Any, plan: CachePlan) -> tuple[Part, ...]:
     transform = getattr(dataset, "transform", None)
     steps = sources.transform_steps(transform) if transform is not None else []
     parts = [identity_part("the transform", transform=transform, steps=tuple(steps))]
-    parts += [step_part(label, step) for label, step in plan.frozen]
-    return (*parts, *sources.vision_identity(dataset))
+    for label, step in plan.frozen:
+        parts += step_parts(label, step)
+    parts += [value_part("the dataset", length=len(dataset)), *dataset_parts(dataset)]
+    return (*parts, *sources.file_parts(dataset))
 
 
 def _labelled(frozen: Sequence[Any], steps: Sequence[Any]) -> tuple[tuple[str, Any], ...]:
     """Each frozen step with its place in the pipeline, for staleness messages."""
-    return tuple(
-        (f"step {next(k for k, s in enumerate(steps) if s is step)} ({step_name(step)})", step)
-        for step in frozen
-    )
+    return tuple((_label(next(k for k, s in enumerate(steps) if s is step), step), step) for step in frozen)
+
+
+def _label(k: int, step: Any) -> str:
+    return f"step {k} ({step_name(step)})"
 
 
 def stale_reason(dataset: Any, plan: CachePlan) -> str | None:
