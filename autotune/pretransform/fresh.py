@@ -506,8 +506,9 @@ def opaque_reason(parts: Sequence[Part], what: str) -> str | None:
     """Why ``what`` cannot be cached, when one of ``parts`` holds an opaque input; else None."""
     for p in parts:
         if p.opaque:
+            where = "" if p.label == what else f" ({p.label})"
             return (
-                f"{what} reads {p.opaque[0]} ({p.label}), whose state cannot be fingerprinted cheaply:"
+                f"{what} reads {p.opaque[0]}{where}, whose state cannot be fingerprinted cheaply:"
                 " a change to it could not be seen, so it is not cached"
             )
     return None
