@@ -9,6 +9,7 @@ The tree::
     │   ├── MemoryLimitExceeded (also MemoryError)  the main process and its workers outgrew the budget
     │   ├── WorkerFailed                       a worker process died (exit, signal) or could not start
     │   ├── CandidateInfeasible                its pre-transform cache cannot be built for this data
+    │   │   └── ShapeChanged                   a later sample's shape differs from the probe samples'
     │   └── TrialPruned                        stopped early: clearly slower than the best so far
     ├── TuningFailed (also RuntimeError)       no candidate could be measured, for reasons not the user's
     └── ProfileStoreError                      the profile store could not be read or written
@@ -52,6 +53,19 @@ class CandidateInfeasible(CandidateError):
     """A candidate's pre-transform cache cannot be built: the dataset cannot be cached, a sample does
     not fit the layout planned from a few samples, or the cache outgrew its memory budget while being
     built. The message says which; the search records the candidate as failed and goes on."""
+
+
+class ShapeChanged(CandidateInfeasible):
+    """A field the probe samples showed with one shape has another shape in a later sample.
+
+    ``fields`` are the indices of those fields in a sample. The build that meets it stores them ragged
+    (each sample its own shape) and reads the samples again; it reaches the search only when that
+    is not possible.
+    """
+
+    def __init__(self, message: str, fields: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 class TrialPruned(CandidateError):

@@ -411,7 +411,8 @@ class DataLoader(tud.DataLoader[T_co]):
         elif c.num_workers:
             c = replace(c, in_order=c.in_order and self.in_order)
         device = self._tuning.plan.device
-        prepared = pt.prepare(self.dataset, c.pretransform, device=device)
+        prepared = pt.prepare(self.dataset, c.pretransform, device=device,
+                              memory_budget_bytes=self._tuning.plan.cache_budget())
         # The user's own timeout wins; while exploring, a hung candidate is dropped after the batch
         # time limit, as in the offline search.
         timeout = self.timeout or (0.0 if stretch.phase is None else self._explore_timeout_s)

@@ -356,7 +356,8 @@ def measure(
         try:
             try:
                 # Inside the guard: building a pre-transform cache counts against the trial's limits.
-                prepared = pt.prepare(dataset, candidate.pretransform, device=device)
+                prepared = pt.prepare(dataset, candidate.pretransform, device=device,
+                                      memory_budget_bytes=limits.cache_budget_bytes)
                 built = build_loader(
                     dataset, candidate, device=device, shuffle=shuffle, collate_fn=collate_fn,
                     seed=seed, batch_timeout_s=limits.batch_timeout_s, prepared=prepared,

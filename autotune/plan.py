@@ -20,14 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
 import torch
 from torch.utils.data import IterableDataset
 
 from . import distributed, fingerprint, preflight, profiles
 from . import pretransform as pt
 from .exceptions import AutotuneWarning, ConfigurationError
-from .machine import MachineInfo, detect_machine
+from .machine import MachineInfo, detect_machine, memory_available_bytes, shm_free_bytes
 from .space import Candidate, SearchSpace, build_space, check_bound, resolve_batch_sizes, resolve_in_order
 from .study import SearchSettings
 from .supervise import DEFAULT_BATCH_TIMEOUT_S, MeasureLimits, process_memory
@@ -95,12 +94,17 @@ class Plan:
     def local_ranks(self) -> int:
         return self.dist.local_world_size if self.dist is not None else 1
 
-    def space(self) -> tuple[SearchSpace, dict[str, str]]:
+    def cache_budget(self) -> int:
+        """Bytes a ``ram`` cache may hold for this plan (:func:`ram_cache_budget`)."""
+        return ram_cache_budget(self.memory_budget_bytes)
+
+    def space(self, *, ram_budget_bytes: int | None = None) -> tuple[SearchSpace, dict[str, str]]:
         """The search space of this plan and the pre-transform strategies refused, with the reasons
         (reads a few samples in this process to plan a cache, where caches were asked for)."""
+        ram_budget = ram_budget_bytes if ram_budget_bytes is not None else self.cache_budget()
         usable, refused = pretransform_choices(
             self.dataset, self.strategies, device=self.device, machine=self.machine,
-            budget_s=self.budget_s, memory_budget_bytes=self.memory_budget_bytes,
+            budget_s=self.budget_s, ram_budget_bytes=ram_budget,
         )
         space = build_space(
             self.machine, batch_size=self.batch_size, dataset_len=self.dataset_len,
@@ -121,9 +125,10 @@ class Plan:
     ) -> tuple[SearchSpace, SearchSettings]:
         """The space and the settings of the offline search for this plan."""
         assert self.budget_s is not None, "the offline search has a budget"
-        space, refused = self.space()
+        ram_budget = self.cache_budget()
+        space, refused = self.space(ram_budget_bytes=ram_budget)
         limits = measure_limits(self.budget_s, memory_budget_bytes=self.memory_budget_bytes,
-                                batch_timeout_s=self.batch_timeout_s,
+                                cache_budget_bytes=ram_budget, batch_timeout_s=self.batch_timeout_s,
                                 local_world_size=self.local_ranks)
         settings = SearchSettings(
             budget_s=self.budget_s, epochs=self.epochs, dataset_len=self.dataset_len,
@@ -272,21 +277,32 @@ def baseline_candidate(settings: dict[str, Any] | None, batch_size: int) -> Cand
     )
 
 
+def ram_cache_budget(memory_budget_bytes: int | None = None) -> int:
+    """The bytes a ``ram`` cache may hold: CACHE_BUDGET_FRACTION of the memory free now, within the
+    container's limit, and of the free space of /dev/shm (the cache lives there, shared with the
+    workers); with ``memory_budget_bytes``, at most what that ceiling leaves above this process's
+    memory now (NOTE [ Container limits ] in machine.py)."""
+    free = memory_available_bytes()
+    shm = shm_free_bytes()
+    budget = int(CACHE_BUDGET_FRACTION * (min(free, shm) if shm is not None else free))
+    if memory_budget_bytes is not None:
+        budget = min(budget, max(0, memory_budget_bytes - process_memory()))
+    return budget
+
+
 def pretransform_choices(
     dataset: Any, requested: Sequence[str], *, device: torch.device, machine: MachineInfo,
-    budget_s: float | None, memory_budget_bytes: int | None = None,
+    budget_s: float | None, memory_budget_bytes: int | None = None, ram_budget_bytes: int | None = None,
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """(strategies the search may use, {refused strategy: reason}) for ``dataset``.
 
     A strategy is refused when the dataset cannot be cached, when the cache would not fit
-    CACHE_BUDGET_FRACTION of the free memory (or, with ``memory_budget_bytes``, what that ceiling
-    leaves above this process's memory now), or when its estimated build would take more than
-    MAX_BUILD_FRACTION of the budget (with a budget: the drop-in has none, and weighs a build against
-    what it can win instead).
+    ``ram_budget_bytes`` (by default ``ram_cache_budget(memory_budget_bytes)``) or
+    CACHE_BUDGET_FRACTION of the accelerator's memory, or when its estimated build would take more
+    than MAX_BUILD_FRACTION of the budget (with a budget: the drop-in has none, and weighs a build
+    against what it can win instead).
     """
-    ram_budget = int(CACHE_BUDGET_FRACTION * psutil.virtual_memory().available)
-    if memory_budget_bytes is not None:
-        ram_budget = min(ram_budget, max(0, memory_budget_bytes - process_memory()))
+    ram_budget = ram_budget_bytes if ram_budget_bytes is not None else ram_cache_budget(memory_budget_bytes)
     # Only "none" asked for: nothing to plan, and the probes would read samples for nothing.
     reasons: dict[str, str | None] = {"none": None} if tuple(requested) == ("none",) else pt.strategies(
         dataset,
@@ -315,20 +331,22 @@ def pretransform_choices(
 
 
 def measure_limits(
-    budget_s: float, *, memory_budget_bytes: int | None = None, batch_timeout_s: float | None = None,
-    local_world_size: int = 1,
+    budget_s: float, *, memory_budget_bytes: int | None = None, cache_budget_bytes: int | None = None,
+    batch_timeout_s: float | None = None, local_world_size: int = 1,
 ) -> MeasureLimits:
     """The limits every candidate of a ``budget_s`` search is measured with.
 
     The window is WINDOW_S_PER_BUDGET_S of the budget (within MIN_WINDOW_S..MAX_WINDOW_S); the
     memory ceiling is what this process uses now plus MEMORY_BUDGET_FRACTION of the free RAM, shared
-    by the ranks on the node, unless ``memory_budget_bytes`` gives it.
+    by the ranks on the node, unless ``memory_budget_bytes`` gives it; a ``ram`` cache's build stops
+    above ``cache_budget_bytes`` (the budget its strategy was checked against; None: no ceiling).
     """
     window = min(MAX_WINDOW_S, max(MIN_WINDOW_S, budget_s * WINDOW_S_PER_BUDGET_S))
     if memory_budget_bytes is None:
-        avail = psutil.virtual_memory().available
+        avail = memory_available_bytes()
         memory_budget_bytes = process_memory() + int(MEMORY_BUDGET_FRACTION * avail / local_world_size)
     return MeasureLimits(
-        window_s=window, memory_limit_bytes=memory_budget_bytes, trial_timeout_s=max(budget_s, 1.0),
+        window_s=window, memory_limit_bytes=memory_budget_bytes, cache_budget_bytes=cache_budget_bytes,
+        trial_timeout_s=max(budget_s, 1.0),
         batch_timeout_s=DEFAULT_BATCH_TIMEOUT_S if batch_timeout_s is None else batch_timeout_s,
     )

@@ -57,6 +57,8 @@ class MeasureLimits:
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     memory_limit_bytes: int | None = None
     """Ceiling on the PSS of this process plus all its children; ``None``: no memory guard."""
+    cache_budget_bytes: int | None = None
+    """Ceiling on what a ``ram`` pre-transform cache may hold: its build stops above it; ``None``: none."""
 
     def __post_init__(self) -> None:
         for name in ("window_s", "batch_timeout_s", "trial_timeout_s"):

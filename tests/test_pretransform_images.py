@@ -233,6 +233,21 @@ def test_decoded_images_over_the_budget_are_refused_with_the_figures(tmp_path: P
         pt.prepare(ds, "ram", device=CPU, memory_budget_bytes=50_000)
 
 
+def test_a_build_stops_at_the_budget_its_caller_passes_and_no_other(tmp_path: Path) -> None:
+    from autotune.measure import MeasureLimits, measure
+    from autotune.space import Candidate
+
+    ds = ImageFolder(str(write_mixed_folder(tmp_path / "images")), transform=T.RandomResizedCrop(16))
+    assert pt.strategies(ds, cuda=False, memory_budget_bytes=100_000)["ram"] is not None
+    # The budget strategies() checked is not remembered: a build has the ceiling it is given, here none.
+    assert pt.prepare(ds, "ram", device=CPU).nbytes > 100_000
+    pt.clear_builds()
+    # The search hands its measurements the cache budget with their other limits.
+    limits = MeasureLimits(window_s=0.05, min_batches=2, max_batches=4, cache_budget_bytes=50_000)
+    with pytest.raises(CandidateInfeasible, match=r"outgrew the memory budget of 48\.8 KiB"):
+        measure(ds, Candidate(batch_size=8, pretransform="ram"), limits=limits)
+
+
 def test_a_user_collate_fn_gets_pil_images_when_the_pipeline_gives_them(tmp_path: Path) -> None:
     ds = ImageFolder(str(write_mixed_folder(tmp_path / "images")), transform=T.RandomResizedCrop(16))
     prepared = pt.prepare(ds, "ram", device=CPU)
@@ -399,7 +414,7 @@ class MostlySquare(Dataset[Any]):
     """Float images whose probed samples (every 4th or so) are 20x20 and the others 21x19."""
 
     def __init__(self, n: int = 30) -> None:
-        probes = set(pt.plan.probe_indices(n))
+        probes = set(pt.split.probe_indices(n))
         gen = torch.Generator().manual_seed(0)
         self.images = [
             torch.rand((3, 20, 20) if i in probes else (3, 21, 19), generator=gen) for i in range(n)
@@ -432,8 +447,8 @@ def test_a_build_reads_in_worker_processes_and_stores_the_same(
         ds.set_transform(hf_transform)
     serial = pt.prepare(ds, "ram", device=CPU)
     pt.clear_builds()
-    monkeypatch.setattr(pt, "PARALLEL_BUILD_SAMPLES", 8)  # 24 samples: read by two workers
-    monkeypatch.setattr(pt, "BUILD_CHUNK", 5)
+    monkeypatch.setattr(pt.build, "PARALLEL_BUILD_SAMPLES", 8)  # 24 samples: read by two workers
+    monkeypatch.setattr(pt.build, "BUILD_CHUNK", 5)
     parallel = pt.prepare(ds, "ram", device=CPU)
     assert parallel is not serial and parallel.nbytes == serial.nbytes
     for a, b in zip(serial.dataset.fields, parallel.dataset.fields, strict=True):

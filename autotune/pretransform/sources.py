@@ -8,7 +8,8 @@
   same table in the plain Python format gives each row with its ``Image`` columns decoded, and the
   user's transform runs on the cached rows as the table's formatter would run it.
 
-Each adapter also names what identifies its raw data for the freshness check (NOTE [ Fresh caches ]).
+Each adapter also names what identifies its raw data for the freshness check (NOTE [ Fresh caches ]):
+the files behind a folder, a table's own fingerprint.
 """
 
 from __future__ import annotations
@@ -19,10 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .fresh import Part, file_stats, value_part
-
-SOURCE_ATTRS = ("data", "targets", "samples", "imgs", "root", "loader", "target_transform", "labels")
-"""Attributes of a vision dataset that hold (or point at) its raw samples, fingerprinted when present.
-Other attributes (counters, caches) may change on every read and are not the data."""
 
 MIN_DECODE_S = 50e-6
 """A raw read faster than this per sample (an in-memory array made an image) is not worth caching."""
@@ -72,19 +69,16 @@ def vision_source(dataset: Any) -> Source | None:
     return Source(raw, transform_steps(transform), isinstance(dataset, DatasetFolder))
 
 
-def vision_identity(dataset: Any) -> list[Part]:
-    """The raw data of a vision dataset: its length, data attributes and (cheaply) its files."""
-    parts = [value_part("the dataset", length=len(dataset))]
-    attrs = {name: getattr(dataset, name) for name in SOURCE_ATTRS if hasattr(dataset, name)}
-    if attrs:
-        parts.append(value_part("the raw data", **attrs))
+def file_parts(dataset: Any) -> list[Part]:
+    """The files a dataset reads (an ImageFolder's ``samples``), each by its size and modification
+    time; a message names the one changed."""
     samples = getattr(dataset, "samples", None)
     if isinstance(samples, list) and samples and isinstance(samples[0], tuple):
         paths = [s[0] for s in samples if isinstance(s[0], str)]
-        if paths:  # each file by its size and modification time; a message names the one changed
+        if paths:
             stats = file_stats(paths)
-            parts.append(Part("the files", tuple((path, (size, mtime), "") for path, size, mtime in stats)))
-    return parts
+            return [Part("the files", tuple((path, (size, mtime), "") for path, size, mtime in stats))]
+    return []
 
 
 # ---------------------------------------------------------------------------- Hugging Face tables

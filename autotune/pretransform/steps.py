@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-_DETERMINISTIC = frozenset(
+DETERMINISTIC = frozenset(
     {
         "ToTensor",
         "PILToTensor",
@@ -29,15 +29,15 @@ _DETERMINISTIC = frozenset(
 )
 """torchvision steps whose output depends on their input only."""
 
-_PER_PIXEL = frozenset(
+PER_PIXEL = frozenset(
     {"ToTensor", "PILToTensor", "ToImage", "ToDtype", "ConvertImageDtype", "Normalize", "ToPureTensor"}
 )
 """Deterministic steps that map each pixel on its own: they commute with selecting pixels."""
 
-_SELECTING = frozenset({"RandomHorizontalFlip", "RandomVerticalFlip", "RandomCrop"})
+SELECTING = frozenset({"RandomHorizontalFlip", "RandomVerticalFlip", "RandomCrop"})
 """Random steps that only select (and move) pixels: they commute with per-pixel steps."""
 
-_RANDOM = frozenset(
+RANDOM = frozenset(
     {
         "ColorJitter",
         "GaussianBlur",
@@ -55,43 +55,40 @@ _RANDOM = frozenset(
 """torchvision steps that are random without a Random* name."""
 
 
-
-def _name(step: Any) -> str:
+def step_name(step: Any) -> str:
     return type(step).__name__
 
 
-def _is_torchvision(step: Any) -> bool:
+def is_torchvision(step: Any) -> bool:
     # Exact torchvision classes only: a user's subclass may add randomness, so it gets probed.
     return type(step).__module__.startswith("torchvision.transforms")
 
 
-def _known_random(step: Any) -> bool:
-    name = _name(step)
-    return name.startswith("Random") or (_is_torchvision(step) and name in _RANDOM)
+def known_random(step: Any) -> bool:
+    name = step_name(step)
+    return name.startswith("Random") or (is_torchvision(step) and name in RANDOM)
 
 
-
-def _apply(steps: Sequence[Callable[[Any], Any]], x: Any) -> Any:
+def apply_steps(steps: Sequence[Callable[[Any], Any]], x: Any) -> Any:
     for step in steps:
         x = step(x)
     return x
 
 
-
-class _Chain:
+class Chain:
     """The random suffix: steps applied in order (picklable, for worker processes)."""
 
     def __init__(self, steps: Sequence[Callable[[Any], Any]]) -> None:
         self.steps = tuple(steps)
 
     def __call__(self, x: Any) -> Any:
-        return _apply(self.steps, x)
+        return apply_steps(self.steps, x)
 
     def __repr__(self) -> str:
-        return ", ".join(repr(s) if isinstance(s, (_PadFill, _PadMode)) else _name(s) for s in self.steps)
+        return ", ".join(repr(s) if isinstance(s, (PadFill, PadMode)) else step_name(s) for s in self.steps)
 
 
-class _PadFill:
+class PadFill:
     """Constant padding in the mapped space: ``fill`` is the original fill mapped per channel."""
 
     def __init__(self, ltrb: tuple[int, int, int, int], fill: torch.Tensor) -> None:
@@ -110,7 +107,7 @@ class _PadFill:
         return f"Pad({list(self.ltrb)}, fill={[round(float(v), 4) for v in self.fill]})"
 
 
-class _PadMode:
+class PadMode:
     """Reflect/edge/symmetric padding: copies pixel values, so it commutes with per-pixel steps."""
 
     def __init__(self, pad: Callable[..., Any], padding: list[int], mode: str) -> None:
@@ -139,7 +136,7 @@ def _ltrb(padding: Any) -> tuple[int, int, int, int]:
     raise ValueError(f"padding={padding!r}")
 
 
-def _unpadded_crop(step: Any, mapped_input: Any, moved_after: list[Any]) -> list[Any] | None:
+def unpadded_crop(step: Any, mapped_input: Any, moved_after: list[Any]) -> list[Any] | None:
     """``step`` (a RandomCrop) as [padding in the mapped space, the same crop unpadded], or None."""
     if step.pad_if_needed or isinstance(step.fill, dict):
         return None  # data-dependent padding, or per-type fills: not worth the risk, keep it as is
@@ -156,11 +153,10 @@ def _unpadded_crop(step: Any, mapped_input: Any, moved_after: list[Any]) -> list
 
         ltrb, pad = _ltrb(step.padding), F1.pad
     if step.padding_mode != "constant":
-        return [_PadMode(pad, list(ltrb), step.padding_mode), crop]
+        return [PadMode(pad, list(ltrb), step.padding_mode), crop]
     # One pixel of fill in the original space, carried through the moved steps, gives the fill to
     # use in the mapped space (bit for bit what those steps make of it).
-    corner = _apply(moved_after, pad(mapped_input, [1], fill=step.fill, padding_mode="constant"))
+    corner = apply_steps(moved_after, pad(mapped_input, [1], fill=step.fill, padding_mode="constant"))
     if not (isinstance(corner, torch.Tensor) and corner.dim() == 3):
         return None
-    return [_PadFill(ltrb, corner[:, 0, 0].clone()), crop]
-
+    return [PadFill(ltrb, corner[:, 0, 0].clone()), crop]

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..exceptions import CandidateInfeasible
+from ..exceptions import CandidateInfeasible, ShapeChanged
 
 log = logging.getLogger("autotune.pretransform")
 
@@ -143,6 +143,12 @@ _NUMBER_CHECKS: dict[str, Callable[[Any], bool]] = {
 
 def is_ragged(layout: Layout) -> bool:
     return any(kind in RAGGED_KINDS for kind, _, _ in layout)
+
+
+def tensor_types(sample: Any) -> tuple[type, ...]:
+    """Per field of ``sample``: its tensor subclass (a tv_tensors.Image, say), torch.Tensor otherwise."""
+    fields = list(sample) if isinstance(sample, (tuple, list)) else [sample]
+    return tuple(type(v) if isinstance(v, torch.Tensor) else torch.Tensor for v in fields)
 
 
 # -------------------------------------------------------------------------------------- estimates
@@ -299,14 +305,6 @@ class _RaggedWriter:
 
 
 # ------------------------------------------------------------------------------------------- fill
-
-
-class ShapeChanged(CandidateInfeasible):
-    """A field the probes saw with one shape has another shape in a later sample."""
-
-    def __init__(self, message: str, fields: tuple[int, ...]) -> None:
-        super().__init__(message)
-        self.fields = fields
 
 
 def _shape_only(layout: Layout, sample: Any, is_seq: bool) -> tuple[int, ...]:

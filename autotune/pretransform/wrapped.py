@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from .steps import _Chain, _PadFill
-from .stores import RAGGED_KINDS, Layout, RaggedColumn, is_ragged
+from .steps import Chain, PadFill
+from .stores import RAGGED_KINDS, Layout, RaggedColumn, is_ragged, tensor_types
 
 
-class _CachedSamples(Dataset[Any]):
+class CachedSamples(Dataset[Any]):
     """Samples whose deterministic prefix was applied once; the random suffix runs per sample.
 
     ``fields`` holds, per field of a sample, an (n, ...) tensor (fixed shape, or numbers) or a
@@ -29,7 +29,7 @@ class _CachedSamples(Dataset[Any]):
         layout: Layout,
         is_seq: type | None,
         field: int | None,
-        suffix: _Chain | None,
+        suffix: Chain | None,
         subclasses: tuple[type, ...],
     ) -> None:
         self.fields = tuple(fields)
@@ -59,7 +59,7 @@ class _CachedSamples(Dataset[Any]):
         return self.is_seq(values) if self.is_seq is not None else values[0]
 
 
-class _CachedBatches(_CachedSamples):
+class _CachedBatches(CachedSamples):
     """Fully cached samples: a batch is gathered with one indexing operation per field."""
 
     def __getitems__(self, indices: list[int]) -> Any:
@@ -69,7 +69,7 @@ class _CachedBatches(_CachedSamples):
         return batch if self.is_seq is not None else batch[0]
 
 
-class _CachedCropFlipBatches(_CachedSamples):
+class _CachedCropFlipBatches(CachedSamples):
     """A suffix of RandomCrop (padding constant, or none) and/or RandomHorizontalFlip, batched.
 
     The random numbers are drawn sample after sample with torchvision's own calls and order (the
@@ -124,13 +124,13 @@ class _CachedCropFlipBatches(_CachedSamples):
         return batch if self.is_seq is not None else batch[0]
 
 
-def _crop_flip(suffix: _Chain | None) -> dict[str, Any] | None:
+def _crop_flip(suffix: Chain | None) -> dict[str, Any] | None:
     """The batched crop/flip arguments when ``suffix`` is exactly [Pad?, RandomCrop?, Flip?] (v1)."""
     if suffix is None:
         return None
     steps: list[Any] = list(suffix.steps)
     args: dict[str, Any] = {"fill": None, "ltrb": (0, 0, 0, 0), "crop": None, "flip": None}
-    if steps and isinstance(steps[0], _PadFill):
+    if steps and isinstance(steps[0], PadFill):
         args["fill"], args["ltrb"] = steps[0].fill, steps[0].ltrb
         steps = steps[1:]
         if not steps or type(steps[0]) is not _v1("RandomCrop"):
@@ -171,7 +171,7 @@ def _gather(data: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.index_select(data, 0, index, out=out)
 
 
-class _Unbatched(Dataset[Any]):
+class Unbatched(Dataset[Any]):
     """A batched cache whose batches are unbound into the samples the original dataset gives.
 
     For a user's ``collate_fn``: one gather per batch (random numbers drawn sample after sample,
@@ -179,7 +179,7 @@ class _Unbatched(Dataset[Any]):
     the batch, number fields as Python numbers).
     """
 
-    def __init__(self, batches: _CachedSamples) -> None:
+    def __init__(self, batches: CachedSamples) -> None:
         self.batches = batches
 
     def __len__(self) -> int:
@@ -203,13 +203,12 @@ class _Unbatched(Dataset[Any]):
         return [cached.is_seq(values) for values in zip(*columns, strict=True)]
 
 
-def _already_collated(batch: Any) -> Any:
+def already_collated(batch: Any) -> Any:
     """The collate function for ``_CachedBatches``: the batch arrives collated."""
     return batch
 
 
-
-class _CachedRows(Dataset[Any]):
+class CachedRows(Dataset[Any]):
     """A Hugging Face ``datasets.Dataset`` with its decoded images cached (see ``sources.py``).
 
     Rows are rebuilt from the cache (images from ragged columns, other columns from plain lists)
@@ -265,16 +264,14 @@ class _CachedRows(Dataset[Any]):
         return [{key: values[j] for key, values in out.items()} for j in range(count)]
 
 
-def _wrap(fields: Sequence[Any], layout: Layout, plan: Any) -> Any:
+def wrap_fields(fields: Sequence[Any], layout: Layout, plan: Any) -> Any:
     """The wrapped dataset for ``plan`` over stored ``fields``: batched where the cache allows."""
     first = plan.probe[0]
     is_seq = type(first) if isinstance(first, (tuple, list)) else None
-    fs = list(first) if is_seq else [first]
-    subclasses = tuple(type(v) if isinstance(v, torch.Tensor) else torch.Tensor for v in fs)
-    args = (fields, layout, is_seq, plan.field, plan.suffix, subclasses)
+    args = (fields, layout, is_seq, plan.field, plan.suffix, tensor_types(first))
     if is_ragged(layout):
-        return _CachedSamples(*args)  # samples of their own sizes: nothing to batch before collate
+        return CachedSamples(*args)  # samples of their own sizes: nothing to batch before collate
     crop_flip = _crop_flip(plan.suffix)
     if crop_flip is not None and fields[plan.field or 0].dim() == 4:
         return _CachedCropFlipBatches(*args, **crop_flip)
-    return _CachedSamples(*args) if plan.suffix is not None else _CachedBatches(*args)
+    return CachedSamples(*args) if plan.suffix is not None else _CachedBatches(*args)

@@ -21,20 +21,20 @@ from torch.utils.data import Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from . import sources
-from .fresh import Part, difference, identity_part, step_part
+from .fresh import Part, dataset_parts, difference, identity_part, opaque_reason, step_parts, value_part
 from .steps import (
-    _DETERMINISTIC,
-    _PER_PIXEL,
-    _SELECTING,
-    _apply,
-    _Chain,
-    _is_torchvision,
-    _known_random,
-    _name,
-    _unpadded_crop,
+    DETERMINISTIC,
+    PER_PIXEL,
+    SELECTING,
+    Chain,
+    apply_steps,
+    is_torchvision,
+    known_random,
+    step_name,
+    unpadded_crop,
 )
-from .stores import Estimate, Layout, estimate, fill, layout_of
-from .wrapped import _CachedRows, _wrap
+from .stores import Estimate, Layout, estimate, fill, layout_of, tensor_types
+from .wrapped import CachedRows, wrap_fields
 
 PROBE_SAMPLES = 8
 """Samples read to plan, prove and size a cache: enough to see a varying shape, cheap on every run."""
@@ -48,9 +48,12 @@ PROBE_SEEDS = (0, 1, 12345)
 CHECK_SEEDS = (7, 2024)
 """Seeds under which the cached pipeline must reproduce ``dataset[i]`` exactly."""
 
+DECODE_TIMINGS = 3
+"""Times the probes' raw read and full sample are timed to decide whether decoding is the cost."""
+
 
 @dataclass
-class Plan:
+class CachePlan:
     """How to cache one dataset (see NOTE [ Pre-transform split ])."""
 
     reason: str | None
@@ -59,13 +62,12 @@ class Plan:
     """Raw samples: a shallow copy of the dataset without its transform; None: the dataset itself.
     Never the dataset itself, which the stored plan must not keep alive."""
     prefix: tuple[Callable[[Any], Any], ...] = ()
-    suffix: _Chain | None = None
+    suffix: Chain | None = None
     field: int | None = None
     """Which field of a tuple sample the transform applies to; None: the sample itself."""
     probe: tuple[Any, ...] = ()
     """The probe samples through the prefix: the per-sample layout and the memory estimate."""
     detail: str = ""
-    transform: Any = None
     length: int = 0
     table: sources.Table | None = None
     """For a Hugging Face table: what is cached and the transform that still runs per access."""
@@ -73,8 +75,6 @@ class Plan:
     """(label, step) of the user's steps whose parameters the cache froze (the prefix, and steps
     the plan rebuilt)."""
     fingerprint: tuple[Part, ...] = ()
-    budget_bytes: int | None = None
-    """The memory budget ``strategies`` last checked this plan against; a build stops above it."""
     real_bytes: int | None = None
     """What a build of this plan held, once one was made (the estimate is then replaced by it)."""
     layout: Layout = dataclasses.field(default_factory=list)
@@ -161,9 +161,9 @@ def _deterministic(fn: Callable[[Any], Any], inputs: Sequence[Any]) -> bool:
 
 def apply_field(prefix: Sequence[Callable[[Any], Any]], sample: Any, field: int | None) -> Any:
     if field is None:
-        return _apply(prefix, sample)
+        return apply_steps(prefix, sample)
     out = list(sample)
-    out[field] = _apply(prefix, out[field])
+    out[field] = apply_steps(prefix, out[field])
     return type(sample)(out)
 
 
@@ -187,22 +187,17 @@ def probe_indices(n: int) -> list[int]:
     return sorted({round(k * (n - 1) / (m - 1)) for k in range(m)})
 
 
-def _subclasses(sample: Any) -> tuple[type, ...]:
-    fs = list(sample) if isinstance(sample, (tuple, list)) else [sample]
-    return tuple(type(v) if isinstance(v, torch.Tensor) else torch.Tensor for v in fs)
-
-
-def wrap_probes(plan: Plan) -> Any:
+def wrap_probes(plan: CachePlan) -> Any:
     """The wrapped dataset over the probe samples only (what the proof runs)."""
     if plan.table is not None:
         return wrap_table(plan, plan.probe, share=False)
     fields, _ = fill(
-        plan.probe, plan.layout, len(plan.probe), subclasses=_subclasses(plan.probe[0]), share=False
+        plan.probe, plan.layout, len(plan.probe), subclasses=tensor_types(plan.probe[0]), share=False
     )
-    return _wrap(fields, plan.layout, plan)
+    return wrap_fields(fields, plan.layout, plan)
 
 
-def wrap_table(plan: Plan, rows: Any, *, share: bool, **fill_kwargs: Any) -> _CachedRows:
+def wrap_table(plan: CachePlan, rows: Any, *, share: bool, **fill_kwargs: Any) -> CachedRows:
     """A table's cached rows: images in ragged columns, the other columns as plain lists."""
     table = plan.table
     if table is None:
@@ -227,10 +222,10 @@ def wrap_table(plan: Plan, rows: Any, *, share: bool, **fill_kwargs: Any) -> _Ca
         **fill_kwargs,
     )
     images = dict(zip(table.images, fields, strict=True))
-    return _CachedRows(table.columns, images, others, table.transform, len(fields[0]))
+    return CachedRows(table.columns, images, others, table.transform, len(fields[0]))
 
 
-def _prove(dataset: Any, plan: Plan, indices: Sequence[int]) -> bool:
+def _prove(dataset: Any, plan: CachePlan, indices: Sequence[int]) -> bool:
     """Whether the wrapped dataset built from the probes reproduces ``dataset`` exactly."""
     wrapped = wrap_probes(plan)
     k = min(CHECK_SAMPLES, len(indices))
@@ -262,29 +257,35 @@ def _decode_worth_caching(dataset: Any, source: sources.Source, indices: Sequenc
     """Whether caching raw samples alone (nothing of the transform) saves enough to offer."""
     if source.decodes:
         return True
+    raw_s = full_s = float("inf")
     with rng_preserved():
-        t0 = time.perf_counter()
-        for i in indices:
-            source.raw[i]
-        t1 = time.perf_counter()
-        for i in indices:
-            dataset[i]
-        t2 = time.perf_counter()
-    raw_s, full_s = (t1 - t0) / len(indices), (t2 - t1) / len(indices)
+        for _ in range(DECODE_TIMINGS):  # the least of each: a busy machine only ever adds time
+            t0 = time.perf_counter()
+            for i in indices:
+                source.raw[i]
+            t1 = time.perf_counter()
+            for i in indices:
+                dataset[i]
+            t2 = time.perf_counter()
+            raw_s, full_s = min(raw_s, (t1 - t0) / len(indices)), min(full_s, (t2 - t1) / len(indices))
     return raw_s >= sources.MIN_DECODE_S and raw_s >= sources.MIN_DECODE_SHARE * full_s
 
 
-def _split(dataset: Any, source: sources.Source, indices: list[int], field: int | None) -> list[Plan]:
+def _split(dataset: Any, source: sources.Source, indices: list[int], field: int | None) -> list[CachePlan]:
     """Candidate plans for a transform pipeline, best first (see NOTE [ Pre-transform split ])."""
     steps, raw = source.steps, source.raw
     inputs = [raw[i] if field is None else raw[i][field] for i in indices]
     values = list(inputs)
     lead = 0
-    for step in steps:
-        if _known_random(step):
+    unseen = None
+    for k, step in enumerate(steps):
+        if known_random(step):
             break
-        known = _is_torchvision(step) and _name(step) in _DETERMINISTIC
+        known = is_torchvision(step) and step_name(step) in DETERMINISTIC
         if not known and not _deterministic(step, values):
+            break
+        # A step whose inputs cannot be fingerprinted is not frozen: the prefix stops before it.
+        if (unseen := opaque_reason(step_parts(_label(k, step), step), _label(k, step))) is not None:
             break
         values = [step(x) for x in values]
         lead += 1
@@ -295,10 +296,10 @@ def _split(dataset: Any, source: sources.Source, indices: list[int], field: int 
     moved: list[tuple[int, Any]] = []
     stop = lead
     for k in range(lead, len(steps)):
-        step, name = steps[k], _name(steps[k])
-        if _is_torchvision(step) and name in _SELECTING:
+        step, name = steps[k], step_name(steps[k])
+        if is_torchvision(step) and name in SELECTING:
             selecting.append((k, step))
-        elif _is_torchvision(step) and name in _PER_PIXEL and selecting:
+        elif is_torchvision(step) and name in PER_PIXEL and selecting:
             moved.append((k, step))
         else:
             break
@@ -306,13 +307,13 @@ def _split(dataset: Any, source: sources.Source, indices: list[int], field: int 
     if moved:
         suffix: list[Any] = []
         for k, step in selecting:
-            if _name(step) != "RandomCrop":
+            if step_name(step) != "RandomCrop":
                 suffix.append(step)
                 continue
             before = [s for j, s in moved if j < k]
             after = [s for j, s in moved if j > k]
             try:
-                parts = _unpadded_crop(step, _apply(before, values[0]), after)
+                parts = unpadded_crop(step, apply_steps(before, values[0]), after)
             except Exception:  # noqa: BLE001 - an unusual fill or image type: no reordering then
                 parts = None
             if parts is None:
@@ -326,33 +327,36 @@ def _split(dataset: Any, source: sources.Source, indices: list[int], field: int 
     out = []
     for prefix, rest in plans:
         probe = tuple(apply_field(prefix, raw[i], field) for i in indices)
-        suffix_chain = _Chain(rest) if rest else None
-        cached = ", ".join(_name(s) for s in prefix) or "decoded samples"
+        suffix_chain = Chain(rest) if rest else None
+        cached = ", ".join(step_name(s) for s in prefix) or "decoded samples"
         detail = f"cached: {cached}; per sample: " + (
             repr(suffix_chain) if suffix_chain else "nothing (batches gathered by index)"
         )
         frozen = _labelled([s for s in steps if not any(s is r for r in rest)], steps)
         out.append(
-            Plan(None, raw, tuple(prefix), suffix_chain, field, probe, detail, length=len(dataset),
+            CachePlan(None, raw, tuple(prefix), suffix_chain, field, probe, detail, length=len(dataset),
                  frozen=frozen)
         )
     if not out:
         first = steps[0]
+        if unseen is not None:
+            out.append(CachePlan(f"the transform's {unseen}"))
+            return out
         why = (
             "is random"
-            if _known_random(first)
+            if known_random(first)
             else "is not proven deterministic (its output changed under different random states)"
         )
         out.append(
-            Plan(
-                f"the transform {why} from its first step ({_name(first)}): nothing deterministic"
+            CachePlan(
+                f"the transform {why} from its first step ({step_name(first)}): nothing deterministic"
                 " to cache"
             )
         )
     return out
 
 
-def _layout_reason(plan: Plan) -> str | None:
+def _layout_reason(plan: CachePlan) -> str | None:
     """Lay out ``plan``'s probes; the reason they cannot be stored, or None."""
     if plan.reason is not None:
         return plan.reason
@@ -361,21 +365,23 @@ def _layout_reason(plan: Plan) -> str | None:
     return reason
 
 
-def make_plan(dataset: Any) -> Plan:
+def make_cache_plan(dataset: Any) -> CachePlan:
     """Decide how ``dataset`` can be cached (see NOTE [ Pre-transform split ])."""
     if isinstance(dataset, IterableDataset):
-        return Plan("IterableDataset: an unbounded stream is never pre-cached")
+        return CachePlan("IterableDataset: an unbounded stream is never pre-cached")
     try:
         n = len(dataset)
     except TypeError:
-        return Plan("dataset has no __len__")
+        return CachePlan("dataset has no __len__")
     if n == 0:
-        return Plan("the dataset is empty")
+        return CachePlan("the dataset is empty")
     indices = probe_indices(n)
     reasons: list[str] = []
     try:
         if sources.is_table(dataset):
             return _table_plan(dataset, indices, n)
+        if (unseen := opaque_reason(dataset_parts(dataset), "dataset[i]")) is not None:
+            return CachePlan(unseen)
         transform = getattr(dataset, "transform", None)
         source = sources.vision_source(dataset)
         if source is not None:
@@ -388,39 +394,40 @@ def make_plan(dataset: Any) -> Plan:
                     if (reason := _layout_reason(plan)) is not None:
                         reasons.append(reason)
                     elif _prove(dataset, plan, indices):
-                        plan.transform = transform
                         plan.fingerprint = fingerprint(dataset, plan)
                         return plan
         # The whole sample as the unit, when dataset[i] itself is deterministic.
         if _deterministic(lambda i: dataset[i], indices):
             probe = tuple(dataset[i] for i in indices)
-            plan = Plan(None, None, probe=probe, detail="cached: whole samples", length=n)
+            plan = CachePlan(None, None, probe=probe, detail="cached: whole samples", length=n)
             every = sources.transform_steps(transform) if transform is not None else []
             plan.frozen = _labelled(every, every)
-            if (reason := _layout_reason(plan)) is not None:
+            frozen_parts = [p for label, step in plan.frozen for p in step_parts(label, step)]
+            if (reason := opaque_reason(frozen_parts, "the whole sample's transform")) is not None:
+                reasons.insert(0, reason)
+            elif (reason := _layout_reason(plan)) is not None:
                 reasons.insert(0, reason)  # the whole sample's layout says most
             elif _prove(dataset, plan, indices):
-                plan.transform = transform
                 plan.fingerprint = fingerprint(dataset, plan)
                 return plan
     except Exception as err:  # noqa: BLE001 - the `none` measurement raises the user's error itself
-        return Plan(f"reading samples to plan a cache raised {type(err).__name__}: {err}")
+        return CachePlan(f"reading samples to plan a cache raised {type(err).__name__}: {err}")
     if reasons:
-        return Plan(reasons[0])
-    return Plan(
+        return CachePlan(reasons[0])
+    return CachePlan(
         "dataset[i] changed under different random states and its transform could not be split:"
         " nothing deterministic to cache"
     )
 
 
-def _table_plan(dataset: Any, indices: list[int], n: int) -> Plan:
+def _table_plan(dataset: Any, indices: list[int], n: int) -> CachePlan:
     table, reason = sources.table_source(dataset)
     if table is None:
-        return Plan(reason)
+        return CachePlan(reason)
     probe = tuple(table.raw[i] for i in indices)
     what = ", ".join(table.images)
     per = "the table's transform" if table.transform is not None else "nothing"
-    plan = Plan(
+    plan = CachePlan(
         None, table.raw, probe=probe, length=n, table=table,
         detail=f"cached: decoded images ({what}); per sample: {per}",
         layout=[("pil", None, torch.uint8)] * len(table.images),
@@ -429,9 +436,9 @@ def _table_plan(dataset: Any, indices: list[int], n: int) -> Plan:
         for c in table.images:
             layout_reason = layout_of([row[c]])[1]
             if layout_reason:
-                return Plan(f"column {c!r}: {layout_reason.replace('each sample', 'its image')}")
+                return CachePlan(f"column {c!r}: {layout_reason.replace('each sample', 'its image')}")
     if not _prove(dataset, plan, indices):
-        return Plan(
+        return CachePlan(
             "the table's transform gave different outputs on cached rows than on the table's own"
             " (it may depend on more than the row's values): nothing cached"
         )
@@ -439,26 +446,29 @@ def _table_plan(dataset: Any, indices: list[int], n: int) -> Plan:
     return plan
 
 
-def fingerprint(dataset: Any, plan: Plan) -> tuple[Part, ...]:
+def fingerprint(dataset: Any, plan: CachePlan) -> tuple[Part, ...]:
     """What ``plan`` freezes of ``dataset``, now (see NOTE [ Fresh caches ])."""
     if plan.table is not None:
         return tuple(sources.table_identity(dataset))
     transform = getattr(dataset, "transform", None)
     steps = sources.transform_steps(transform) if transform is not None else []
     parts = [identity_part("the transform", transform=transform, steps=tuple(steps))]
-    parts += [step_part(label, step) for label, step in plan.frozen]
-    return (*parts, *sources.vision_identity(dataset))
+    for label, step in plan.frozen:
+        parts += step_parts(label, step)
+    parts += [value_part("the dataset", length=len(dataset)), *dataset_parts(dataset)]
+    return (*parts, *sources.file_parts(dataset))
 
 
 def _labelled(frozen: Sequence[Any], steps: Sequence[Any]) -> tuple[tuple[str, Any], ...]:
     """Each frozen step with its place in the pipeline, for staleness messages."""
-    return tuple(
-        (f"step {next(k for k, s in enumerate(steps) if s is step)} ({_name(step)})", step)
-        for step in frozen
-    )
+    return tuple((_label(next(k for k, s in enumerate(steps) if s is step), step), step) for step in frozen)
 
 
-def stale_reason(dataset: Any, plan: Plan) -> str | None:
+def _label(k: int, step: Any) -> str:
+    return f"step {k} ({step_name(step)})"
+
+
+def stale_reason(dataset: Any, plan: CachePlan) -> str | None:
     """What changed in ``dataset`` since ``plan`` was made; None when nothing it froze did."""
     try:
         now = fingerprint(dataset, plan)

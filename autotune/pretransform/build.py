@@ -1,0 +1,254 @@
+"""Building a cache from a plan: the samples read once through the prefix, stored in RAM or on a device.
+
+A ``ram`` build reads in worker processes when the data set is large enough for that to pay, stores
+fixed-shape fields as (n, ...) tensors and the others ragged (``stores.py``), and hands back the
+wrapped dataset (``wrapped.py``) as a :class:`Prepared`, with what it froze (NOTE [ Fresh caches ]).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..exceptions import CandidateInfeasible, ShapeChanged, StaleCacheWarning
+from ..machine import usable_cpu_count
+from .split import (
+    CachePlan,
+    PrefixView,
+    apply_field,
+    fingerprint,
+    probe_indices,
+    rng_preserved,
+    stale_reason,
+    wrap_table,
+)
+from .stores import ProgressFn, as_ragged, fill, fmt_bytes, is_ragged, log, mismatch, stack, tensor_types
+from .wrapped import Unbatched, already_collated, wrap_fields
+
+STAGING_BYTES = 64 * 2**20
+"""Samples are gathered on the CPU in chunks of about this size before a copy to the device."""
+
+RAGGED_HEADROOM = 1.25
+"""A ragged buffer is reserved this much above the estimate; pages never written take no memory."""
+
+TABLE_READ_ROWS = 64
+"""Rows of a Hugging Face table read at a time while its images are cached."""
+
+PARALLEL_BUILD_SAMPLES = 512
+"""A ram build reads samples in worker processes (one per usable CPU, at most MAX_BUILD_WORKERS)
+from this many samples on: below it, starting them costs more than the decoding they share."""
+
+MAX_BUILD_WORKERS = 8
+"""Most worker processes a build reads with: reading files does not scale much further."""
+
+BUILD_CHUNK = 32
+"""Samples a build worker hands back at a time."""
+
+
+class Freshness:
+    """What a build froze, and the dataset it froze it from."""
+
+    def __init__(self, dataset: Any, plan: CachePlan) -> None:
+        try:  # held weakly where it can be: a cache does not keep its dataset alive
+            self.ref: Callable[[], Any] = weakref.ref(dataset)
+        except TypeError:
+            self.ref = lambda: dataset
+        self.plan = plan
+        self.warned = False
+
+    def reason(self) -> str | None:
+        dataset = self.ref()
+        if dataset is None:
+            return None  # the dataset is gone: nothing can read the cache through it any more
+        return stale_reason(dataset, self.plan)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A dataset ready to be loaded with one strategy."""
+
+    dataset: Any
+    strategy: str
+    collate_fn: Callable[[Any], Any] | None = None
+    build_s: float = 0.0
+    """Seconds the cache build took (the original build's figure when a build is reused)."""
+    nbytes: int = 0
+    """Bytes the cache holds."""
+    detail: str = ""
+    """What was cached and what still runs per sample."""
+    freshness: Freshness | None = field(default=None, repr=False, compare=False)
+
+    def loader_parts(
+        self, collate_fn: Callable[[Any], Any] | None = None
+    ) -> tuple[Any, Callable[[Any], Any] | None]:
+        """(dataset, collate_fn) to hand to a DataLoader, given the user's ``collate_fn`` (or None).
+
+        Without one: the fastest path (whole batches gathered by index where the cache can, with a
+        pass-through collate). With one: the user's function receives exactly the list of samples
+        the original dataset would give (same types: ints stay ints), built from a batched gather
+        unbound into samples, or per sample where the cache runs a random rest per sample.
+        """
+        if collate_fn is None:
+            return self.dataset, self.collate_fn
+        if self.collate_fn is None or not hasattr(self.dataset, "__getitems__"):
+            return self.dataset, collate_fn
+        return Unbatched(self.dataset), collate_fn
+
+    def stale_reason(self) -> str | None:
+        """What changed since the cache was built (a frozen step's parameter, the raw data), or None.
+
+        Cheap enough for every epoch start (see NOTE [ Fresh caches ]). A stale cache must not be
+        used: call ``prepare`` again, which rebuilds it.
+        """
+        return self.freshness.reason() if self.freshness is not None else None
+
+    def check_fresh(self) -> bool:
+        """True while the cache matches its dataset; else warns (once, StaleCacheWarning) and False."""
+        reason = self.stale_reason()
+        if reason is None:
+            return True
+        if self.freshness is not None and not self.freshness.warned:
+            self.freshness.warned = True
+            warnings.warn(stale_message(self.strategy, reason), StaleCacheWarning, stacklevel=2)
+        return False
+
+
+def stale_message(strategy: str, reason: str) -> str:
+    return (
+        f"the pretransform={strategy!r} cache no longer matches its dataset: {reason}; it is rebuilt"
+        " when the next loader is made (prepare), and a loader made before the change still serves"
+        " the old samples"
+    )
+
+
+def build(
+    dataset: Any, plan: CachePlan, strategy: str, *, device: torch.device, memory_budget_bytes: int | None,
+    progress: ProgressFn | None,
+) -> Prepared:
+    """The cache of ``plan`` for ``strategy`` (``ram`` or ``device``), built now.
+
+    A ``ram`` build stops when it outgrows ``memory_budget_bytes`` (None: no ceiling); a ``device``
+    build is sized by the plan's fixed shapes, checked against the device budget before.
+    """
+    t0 = time.perf_counter()
+    if strategy == "ram":
+        wrapped, held = _build_ram(dataset, plan, memory_budget_bytes, progress)
+    else:
+        wrapped, held = _build_device(dataset, plan, device)
+    plan.real_bytes = held
+    # What the cache froze is the state the build left: a frozen step that counts its own calls
+    # has counted the build's, and only a change after this point makes the cache stale.
+    plan.fingerprint = fingerprint(dataset, plan)
+    detail = plan.detail
+    if is_ragged(plan.layout) or plan.table is not None:
+        detail += f" ({fmt_bytes(held)} held, {fmt_bytes(plan.estimate().total)} estimated)"
+    cached_batches = hasattr(wrapped, "__getitems__") and not getattr(wrapped, "returns_samples", False)
+    return Prepared(
+        dataset=wrapped,
+        strategy=strategy,
+        collate_fn=already_collated if cached_batches else None,
+        build_s=time.perf_counter() - t0,
+        nbytes=held,
+        detail=detail,
+        freshness=Freshness(dataset, plan),
+    )
+
+
+def build_seconds(dataset: Any, plan: CachePlan) -> float:
+    """Seconds a build of ``plan`` would take: a few samples read through the prefix, times the length."""
+    source = plan.source if plan.source is not None else dataset
+    indices = probe_indices(plan.length)
+    with rng_preserved():
+        t0 = time.perf_counter()
+        for i in indices:
+            apply_field(plan.prefix, source[i], plan.field)
+        per_sample = (time.perf_counter() - t0) / len(indices)
+    return per_sample * plan.length
+
+
+def _build_ram(
+    dataset: Any, plan: CachePlan, budget: int | None, progress: ProgressFn | None
+) -> tuple[Any, int]:
+    """The wrapped dataset over a cache in shared memory, and the bytes it holds."""
+    expected = plan.estimate()
+    capacity = int(RAGGED_HEADROOM * (expected.mean + expected.spread) * plan.length)
+    if plan.table is not None:
+        wrapped = wrap_table(
+            plan, _read(plan.source, plan.length), share=True, capacity_bytes=capacity,
+            budget_bytes=budget, progress=progress,
+        )
+        return wrapped, sum(c.nbytes for c in wrapped.fields)
+    source = plan.source if plan.source is not None else dataset
+    with rng_preserved():
+        while True:
+            try:
+                fields, held = fill(
+                    _read(PrefixView(source, plan.prefix, plan.field), plan.length), plan.layout,
+                    plan.length, subclasses=tensor_types(plan.probe[0]), share=True,
+                    capacity_bytes=capacity, budget_bytes=budget, progress=progress,
+                )
+                break
+            except ShapeChanged as err:
+                # The probes all had one shape, a later sample another: the same samples, stored
+                # ragged (per sample, as proven; only the batched gather is lost). Read once more;
+                # each pass makes at least one more field ragged, so this ends.
+                log.info("%s: storing field(s) %s ragged and reading the samples again", err, err.fields)
+                plan.layout = as_ragged(plan.layout, err.fields)
+    return wrap_fields(fields, plan.layout, plan), held
+
+
+def _read(view: Any, n: int) -> Iterator[Any]:
+    """``view[0], view[1], ...``: in this process, or in order from worker processes.
+
+    The build is one pass of decoding over the whole data set; on a machine with several CPUs the
+    workers share it (the prefix is deterministic, so where it runs changes nothing).
+    """
+    workers = min(MAX_BUILD_WORKERS, usable_cpu_count())
+    if n < PARALLEL_BUILD_SAMPLES or workers < 2:
+        if hasattr(view, "__getitems__"):  # a table: rows read a batch at a time
+            for start in range(0, n, TABLE_READ_ROWS):
+                yield from view.__getitems__(list(range(start, min(n, start + TABLE_READ_ROWS))))
+        else:
+            for i in range(n):
+                yield view[i]
+        return
+    loader = DataLoader(
+        view, batch_size=BUILD_CHUNK, num_workers=workers, collate_fn=_as_list, prefetch_factor=4
+    )
+    for chunk in loader:
+        yield from chunk
+
+
+def _as_list(samples: list[Any]) -> list[Any]:
+    return samples
+
+
+def _build_device(dataset: Any, plan: CachePlan, device: torch.device) -> tuple[Any, int]:
+    """Fixed-shape fields on ``device``, staged on the CPU in chunks of STAGING_BYTES."""
+    layout, n = plan.layout, plan.length
+    source = plan.source if plan.source is not None else dataset
+    fields = [torch.empty((n, *shape), dtype=dtype, device=device) for _, shape, dtype in layout]
+    row_bytes = sum(f[0].numel() * f.element_size() for f in fields)
+    chunk = max(1, STAGING_BYTES // max(1, row_bytes))
+    with rng_preserved():
+        for start in range(0, n, chunk):
+            indices = range(start, min(n, start + chunk))
+            rows = [apply_field(plan.prefix, source[i], plan.field) for i in indices]
+            is_seq = isinstance(rows[0], (tuple, list))
+            for i, row in zip(indices, rows, strict=True):
+                if (reason := mismatch(layout, row, is_seq)) is not None:
+                    raise CandidateInfeasible(
+                        f"sample {i}: {reason}; the layout was planned from a few samples"
+                    )
+            for data, column in zip(fields, stack(rows, layout, torch.device("cpu")), strict=True):
+                data[start : start + len(rows)].copy_(column)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return wrap_fields(fields, layout, plan), sum(f.numel() * f.element_size() for f in fields)

@@ -1,0 +1,138 @@
+"""Which strategies a dataset can use, and the dataset prepared for one (the package's interface)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from ..exceptions import CandidateInfeasible, ConfigurationError, StaleCacheWarning
+from .build import Prepared, build, build_seconds, stale_message
+from .reuse import keep_build, plan_for, stored_build
+from .split import CachePlan
+from .stores import ProgressFn, fmt_bytes, is_ragged
+
+STRATEGIES = ("none", "ram", "device")
+
+RAM_ONLY = (
+    "samples of their own sizes (decoded images) are cached in RAM only; use pretransform='ram'"
+)
+
+
+def strategies(
+    dataset: Dataset[Any],
+    *,
+    cuda: bool,
+    memory_budget_bytes: int | None = None,
+    device_memory_budget_bytes: int | None = None,
+) -> dict[str, str | None]:
+    """Every strategy mapped to ``None`` when usable for ``dataset``, else the reason it is refused.
+
+    Cheap: it reads a few samples (PROBE_SAMPLES, through the deterministic prefix). The memory a
+    cache needs is estimated from them: bytes per sample times ``len(dataset)``, exact for fixed-size
+    samples, the probes' mean for samples of their own sizes (the spread is reported). Once a cache
+    was built, its real size replaces the estimate. A budget of None sets no ceiling.
+    """
+    reasons: dict[str, str | None] = {"none": None}
+    plan, _ = plan_for(dataset)
+    budgets = {
+        "ram": (memory_budget_bytes, "memory budget"),
+        "device": (device_memory_budget_bytes, "device memory budget"),
+    }
+    for strategy, (budget, what) in budgets.items():
+        if strategy == "device" and not cuda:
+            reasons[strategy] = "needs CUDA"
+        elif plan.reason is not None:
+            reasons[strategy] = plan.reason
+        elif strategy == "device" and (plan.table is not None or is_ragged(plan.layout)):
+            reasons[strategy] = RAM_ONLY
+        elif budget is not None and (need := _needed(plan)) > budget:
+            how = "measured when it was built" if plan.real_bytes is not None else plan.estimate().describe()
+            reasons[strategy] = (
+                f"a cache would need ~{fmt_bytes(need)} ({how}), over the {what} of {fmt_bytes(budget)}"
+            )
+        else:
+            reasons[strategy] = None
+    return reasons
+
+
+def _needed(plan: CachePlan) -> int:
+    return plan.real_bytes if plan.real_bytes is not None else plan.estimate().total
+
+
+def prepare(
+    dataset: Dataset[Any],
+    strategy: str,
+    *,
+    device: torch.device,
+    memory_budget_bytes: int | None = None,
+    progress: ProgressFn | None = None,
+) -> Prepared:
+    """The dataset to load with ``strategy``; a cache is built once per process and dataset.
+
+    ``ram`` caches on the CPU in shared memory (forked workers read it without a copy); ``device``
+    caches on ``device`` (``num_workers=0``; a CPU device is accepted as a stand-in). A second call
+    for the same dataset object, strategy and device returns the first build while the dataset is
+    alive and nothing the cache froze has changed (NOTE [ Fresh caches ]); after a change it warns
+    (StaleCacheWarning, naming what changed) and builds again. A ``ram`` build stops when it outgrows
+    ``memory_budget_bytes`` (None: no ceiling); ``progress`` is called with (samples done, samples in
+    all) while it runs. Raises ``ConfigurationError`` for an unknown strategy and
+    ``CandidateInfeasible`` when the dataset cannot be cached.
+    """
+    if strategy not in STRATEGIES:
+        raise ConfigurationError(
+            f"pretransform={strategy!r} is not a pre-transform strategy; use one of {STRATEGIES}"
+            " ('none' runs the transform per sample as given)."
+        )
+    if strategy == "none":
+        return Prepared(dataset=dataset, strategy="none")
+    device = torch.device(device)
+    key = (id(dataset), strategy, str(device) if strategy == "device" else "cpu")
+    stored = stored_build(dataset, key)
+    plan, stale = plan_for(dataset)
+    if stored is not None:
+        if stored[0] is plan:
+            return stored[1]
+        if stale is not None:
+            warnings.warn(stale_message(strategy, stale), StaleCacheWarning, stacklevel=2)
+    if plan.reason is not None:
+        raise CandidateInfeasible(f"pretransform={strategy!r}: {plan.reason}")
+    if strategy == "device" and (plan.table is not None or is_ragged(plan.layout)):
+        raise CandidateInfeasible(f"pretransform='device': {RAM_ONLY}")
+    prepared = build(
+        dataset, plan, strategy, device=device,
+        memory_budget_bytes=memory_budget_bytes if strategy == "ram" else None, progress=progress,
+    )
+    keep_build(dataset, key, plan, prepared)
+    return prepared
+
+
+def estimate_build_s(dataset: Dataset[Any]) -> float | None:
+    """Seconds a cache build would take: a few samples read and pre-transformed, times the length.
+
+    ``None`` when the dataset cannot be cached at all. Like the memory estimate, it assumes the
+    probed samples are typical; a dataset whose early samples are cached by the OS reads faster here.
+    """
+    plan, _ = plan_for(dataset)
+    return build_seconds(dataset, plan) if plan.reason is None else None
+
+
+def _contains_cuda(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return obj.is_cuda
+    if isinstance(obj, dict):
+        return any(_contains_cuda(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_contains_cuda(v) for v in obj)
+    return False
+
+
+def holds_cuda_tensors(dataset: Dataset[Any]) -> bool:
+    """Whether the first sample holds a CUDA tensor (then workers would fail to share it)."""
+    try:
+        sample = dataset[0]
+    except Exception:  # noqa: BLE001 - the measurement will raise the user's error properly
+        return False
+    return _contains_cuda(sample)
