@@ -1,0 +1,208 @@
+"""autotune.DataLoader against torch.utils.data.DataLoader: the same program, run with each.
+
+The oracle is ``torch.utils.data.DataLoader`` built with the arguments the test writes, as a user
+would write them. Each test runs one loop with it and the same loop with ``autotune.DataLoader``, in
+each of the drop-in's states (``conformance_helpers.make``):
+
+- ``exploring``: fresh, with no stored profile; its first epochs are served in consecutive stretches
+  by different candidate configurations (worker processes, thread workers, caches, thread counts);
+- ``settled-processes``: ``DataLoader.configured`` with two worker processes kept across epochs;
+- ``settled-threads``: ``DataLoader.configured`` with two thread workers.
+
+Where a test itself passes ``num_workers``, ``configured`` makes the workers processes (as a plain
+DataLoader with that argument would start), so ``settled-threads`` is served by processes there.
+
+What the two loaders deliver must be equal: the batches, in order (tensor-equal, with dtype and
+shape), for map-style data with a seed, every epoch; the global RNG and the generator states after
+every epoch; ``len()``; the errors, at the same batch, with torch's type and message; the same
+multiset where the order is not defined (``in_order=False``, a sharded stream). Every dataset here
+encodes the index in its samples, so order is checked by value.
+
+What may legitimately differ:
+- timing: how fast batches come (nothing here asserts a duration; time limits only stop a hang);
+- what exploring reads: while it explores, the drop-in may call ``__getitem__`` more often than
+  torch, in workers (a stretch's prefetched batches are read again by the next stretch), and it
+  starts a pool of workers per stretch, so it calls ``worker_init_fn`` once per worker per stretch.
+  No extra read may change a delivered sample or happen in the main process where torch would not
+  read there;
+- a random transform's values: workers draw from their own seeds, so where the drop-in moves the
+  reads into workers the noise differs; those tests compare indices only.
+
+Every test is also checked for what it leaves behind (the ``accounted`` fixture): no child process
+it did not start, no thread, no new shared-memory file, and every test runs under a hard time limit.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.data as tud
+from conformance_helpers import (
+    BATCH,
+    EPOCHS,
+    STATES,
+    STREAM_STATES,
+    EvensThenOdds,
+    Indexed,
+    N,
+    RandomTransform,
+    RecordsReaders,
+    SizedStream,
+    UnevenBatches,
+    as_dict,
+    assert_same,
+    assert_same_epochs,
+    both,
+    epochs,
+    indices,
+    leftovers,
+    make,
+    readers,
+    snapshot,
+    time_limit,
+)
+
+TEST_LIMIT_S = 120.0
+"""No test here may run longer (the usual one takes a second or two): past it, it fails as hung."""
+
+
+@pytest.fixture(autouse=True)
+def accounted(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Run the test under a hard time limit, then check it left no child process, thread or
+    shared-memory file behind (after its loaders are dropped, as a user's go out of scope)."""
+    before = snapshot()
+    with time_limit(TEST_LIMIT_S, request.node.name):
+        yield
+    left = leftovers(before)
+    assert not left, f"left behind after the test: {'; '.join(left)}"
+
+
+@pytest.fixture(params=STATES)
+def state(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(params=STREAM_STATES)
+def stream_state(request: pytest.FixtureRequest) -> str:
+    """The states of a drop-in over an IterableDataset (no thread workers: see STREAM_STATES)."""
+    return request.param
+
+
+# -- the states are what they say ----------------------------------------------------------------
+
+
+def test_exploring_serves_stretches_by_several_candidates() -> None:
+    """The exploring state of the other tests explores within one epoch of N samples: stretches by
+    worker processes and by thread workers, not just the defaults."""
+    torch.manual_seed(0)
+    loader = make("exploring", Indexed(), batch_size=BATCH, shuffle=True)
+    assert sorted(i for b in loader for i in indices(b)) == list(range(N))
+    tuning = loader.tuning
+    assert tuning is not None
+    tried = {r.candidate for r in tuning.trials}
+    assert len(tried) >= 3, [c.label() for c in tried]
+    assert any(c.num_workers > 0 and c.worker_kind == "process" for c in tried)
+    assert any(c.num_workers > 0 and c.worker_kind == "thread" for c in tried)
+
+
+@pytest.mark.parametrize("settled", ["settled-processes", "settled-threads"])
+def test_settled_states_read_in_their_workers(settled: str, tmp_path: Any) -> None:
+    """settled-processes reads in other processes, settled-threads on other threads of this one."""
+    loader = make(settled, RecordsReaders(64, str(tmp_path)), batch_size=BATCH)
+    for path in tmp_path.iterdir():  # what it reads at construction is another test's subject
+        path.unlink()
+    assert sorted(i for b in loader for i in indices(b)) == list(range(64))
+    del loader
+    seen = readers(str(tmp_path))
+    main = os.getpid()
+    if settled == "settled-processes":
+        assert main not in seen and len(seen) == 2, seen.keys()
+    else:
+        assert list(seen) == [main], seen.keys()
+        assert threading.main_thread().ident not in {t for _, t in seen[main]}
+
+
+# -- the same batches, in the same order, with the same RNG afterwards ---------------------------
+
+ORDER_CASES = {
+    "sequential": lambda ds, g: {"batch_size": BATCH},
+    "shuffle-global-seed": lambda ds, g: {"batch_size": BATCH, "shuffle": True},
+    "shuffle-generator": lambda ds, g: {"batch_size": BATCH, "shuffle": True, "generator": g},
+    "drop-last": lambda ds, g: {"batch_size": 7, "shuffle": True, "drop_last": True, "generator": g},
+    "batch-size-none": lambda ds, g: {"batch_size": None, "shuffle": True, "generator": g},
+    "sampler": lambda ds, g: {"batch_size": BATCH, "sampler": EvensThenOdds(len(ds))},
+    "random-sampler-with-replacement": lambda ds, g: {
+        "batch_size": BATCH, "sampler": tud.RandomSampler(ds, replacement=True, num_samples=300,
+                                                          generator=g)},
+    "batch-sampler": lambda ds, g: {"batch_sampler": UnevenBatches(len(ds))},
+    "batch-sampler-over-random-sampler": lambda ds, g: {
+        "batch_sampler": tud.BatchSampler(tud.RandomSampler(ds, generator=g), 5, drop_last=False)},
+    "collate-fn": lambda ds, g: {"batch_size": BATCH, "shuffle": True, "collate_fn": as_dict,
+                                 "generator": g},
+    # The caller's own worker settings (the settled-threads state is served by processes here).
+    "num-workers-given": lambda ds, g: {"batch_size": BATCH, "shuffle": True, "generator": g,
+                                        "num_workers": 2},
+    "persistent-workers-given": lambda ds, g: {"batch_size": BATCH, "shuffle": True, "generator": g,
+                                               "num_workers": 2, "persistent_workers": True},
+}
+
+
+@pytest.mark.parametrize("case", list(ORDER_CASES))
+def test_same_batches_and_rng_every_epoch(state: str, case: str) -> None:
+    expected, got = both(state, epochs, Indexed, generator=True, kwargs=ORDER_CASES[case])
+    assert_same_epochs(expected, got)
+
+
+def test_random_transform_same_indices(state: str) -> None:
+    # Indices only: the noise comes from the RNG of whichever process or thread reads the sample,
+    # which the drop-in legitimately changes by moving reads into workers (and the main process's
+    # RNG is then advanced by fewer draws than torch's with no workers).
+    def loop(loader: Any, g: Any) -> list[list[list[int]]]:
+        return [[indices(b) for b in loader] for _ in range(EPOCHS)]
+
+    expected, got = both(state, loop, RandomTransform, generator=True,
+                         kwargs=lambda ds, g: {"batch_size": BATCH, "shuffle": True, "generator": g})
+    assert_same(expected, got)
+
+
+# -- len() -----------------------------------------------------------------------------------------
+
+LEN_CASES = {
+    "batch-size": (Indexed, lambda ds, g: {"batch_size": BATCH}),
+    "drop-last": (Indexed, lambda ds, g: {"batch_size": 7, "drop_last": True}),
+    "keep-last": (Indexed, lambda ds, g: {"batch_size": 7}),
+    "batch-size-none": (Indexed, lambda ds, g: {"batch_size": None}),
+    "batch-sampler": (Indexed, lambda ds, g: {"batch_sampler": UnevenBatches(len(ds))}),
+}
+
+
+def _lengths(loader: Any, g: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"len": len(loader)}
+    it = iter(loader)
+    try:
+        out["len_iter"] = len(it)
+    except TypeError as err:  # torch's iterator over a stream has no length, though its loader has
+        out["len_iter"] = f"TypeError: {err}"
+    out["batches"] = len(list(it))
+    out["len_after"] = len(loader)
+    return out
+
+
+@pytest.mark.parametrize("case", list(LEN_CASES))
+def test_len_of_loader_and_iterator(state: str, case: str) -> None:
+    dataset, kwargs = LEN_CASES[case]
+    expected, got = both(state, _lengths, dataset, kwargs=kwargs)
+    assert_same(expected, got)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_len_of_a_sized_stream(stream_state: str, drop_last: bool) -> None:
+    # torch's len(loader) for an IterableDataset with __len__ is len(dataset) over the batch size.
+    expected, got = both(stream_state, _lengths, SizedStream,
+                         kwargs=lambda ds, g: {"batch_size": 7, "drop_last": drop_last})
+    assert_same(expected, got)
