@@ -53,16 +53,21 @@ from conformance_helpers import (
     RandomTransform,
     RecordsReaders,
     SizedStream,
+    Stream,
     UnevenBatches,
+    UnshardedStream,
     as_dict,
     assert_same,
     assert_same_epochs,
     both,
+    canon,
+    epoch_batches,
     epochs,
     indices,
     leftovers,
     make,
     readers,
+    rng_states,
     snapshot,
     time_limit,
 )
@@ -206,3 +211,96 @@ def test_len_of_a_sized_stream(stream_state: str, drop_last: bool) -> None:
     expected, got = both(stream_state, _lengths, SizedStream,
                          kwargs=lambda ds, g: {"batch_size": 7, "drop_last": drop_last})
     assert_same(expected, got)
+
+
+# -- out of order, and streams: the same samples --------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_in_order_false_same_batches_as_a_multiset(state: str, shuffle: bool) -> None:
+    # Out of order, a batch may come before an earlier one, but the batches are the sampler's.
+    def loop(loader: Any, g: Any) -> list[dict[str, Any]]:
+        out = []
+        for _ in range(EPOCHS):
+            out.append({"batches": sorted(tuple(indices(b)) for b in loader), **rng_states(g)})
+        return out
+
+    expected, got = both(state, loop, Indexed, generator=True, kwargs=lambda ds, g: {
+        "batch_size": BATCH, "shuffle": shuffle, "generator": g, "in_order": False})
+    assert_same_epochs(expected, got)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_sharded_stream_same_samples(stream_state: str, drop_last: bool) -> None:
+    # 406 samples at 4 per batch: torch drops the last 2 with drop_last; a stream split between
+    # workers would drop each worker's remainder instead, other samples.
+    def loop(loader: Any, g: Any) -> list[list[int]]:
+        return [sorted(i for b in loader for i in indices(b)) for _ in range(EPOCHS)]
+
+    expected, got = both(stream_state, loop, lambda: Stream(406),
+                         kwargs=lambda ds, g: {"batch_size": BATCH, "drop_last": drop_last})
+    assert_same(expected, got)
+
+
+# The drop-in may say, with an AutotuneWarning of its own, that it will not use workers for such a
+# stream; what it delivers is what this test is about.
+@pytest.mark.filterwarnings("ignore::autotune.AutotuneWarning")
+def test_unsharded_stream_delivered_exactly_as_torch(stream_state: str) -> None:
+    # A stream that ignores get_worker_info() is read whole by every worker: with the arguments
+    # written (no workers) torch delivers it once, in its order, and so must the drop-in.
+    expected, got = both(stream_state, epoch_batches, UnshardedStream,
+                         kwargs=lambda ds, g: {"batch_size": BATCH})
+    assert_same(expected, got)
+
+
+# -- iterator semantics ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_two_live_iterators_zipped(state: str, shuffle: bool) -> None:
+    def loop(loader: Any, g: Any) -> dict[str, Any]:
+        return {"pairs": canon(list(zip(loader, loader, strict=False))), **rng_states(g)}
+
+    expected, got = both(state, loop, Indexed, generator=True, kwargs=lambda ds, g: {
+        "batch_size": BATCH, "shuffle": shuffle, "generator": g})
+    assert_same(expected, got)
+
+
+def test_peek_in_the_middle_of_an_epoch(state: str) -> None:
+    # A common peek: next(iter(loader)) to look at a batch, while the epoch's iterator goes on.
+    def loop(loader: Any, g: Any) -> dict[str, Any]:
+        it = iter(loader)
+        head = [next(it) for _ in range(10)]
+        peek = next(iter(loader))
+        rest = list(it)
+        return {"head": canon(head), "peek": canon(peek), "rest": canon(rest),
+                "next_epoch": canon(list(loader))}
+
+    expected, got = both(state, loop, Indexed, kwargs=lambda ds, g: {"batch_size": BATCH})
+    assert_same(expected, got)
+
+
+BREAK_CASES = {
+    "sequential": lambda ds, g: {"batch_size": BATCH},
+    "shuffle-generator": lambda ds, g: {"batch_size": BATCH, "shuffle": True, "generator": g},
+    # The settled-threads state is served by processes here.
+    "persistent-workers-given": lambda ds, g: {"batch_size": BATCH, "shuffle": True, "generator": g,
+                                               "num_workers": 2, "persistent_workers": True},
+}
+
+
+@pytest.mark.parametrize("case", list(BREAK_CASES))
+def test_break_out_of_an_epoch_then_the_next(state: str, case: str) -> None:
+    def loop(loader: Any, g: Any) -> list[dict[str, Any]]:
+        out = []
+        for stop in (10, None, 3, None):
+            got = []
+            for k, batch in enumerate(loader):
+                if k == stop:
+                    break
+                got.append(batch)
+            out.append({"batches": canon(got), **rng_states(g)})
+        return out
+
+    expected, got = both(state, loop, Indexed, generator=True, kwargs=BREAK_CASES[case])
+    assert_same_epochs(expected, got)
