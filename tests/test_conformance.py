@@ -34,6 +34,7 @@ it did not start, no thread, no new shared-memory file, and every test runs unde
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -48,11 +49,13 @@ from conformance_helpers import (
     STATES,
     STREAM_STATES,
     EvensThenOdds,
+    Fails,
     Indexed,
     N,
     RandomTransform,
     RecordsReaders,
     SizedStream,
+    Sleeps,
     Stream,
     UnevenBatches,
     UnshardedStream,
@@ -304,3 +307,97 @@ def test_break_out_of_an_epoch_then_the_next(state: str, case: str) -> None:
 
     expected, got = both(state, loop, Indexed, generator=True, kwargs=BREAK_CASES[case])
     assert_same_epochs(expected, got)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+def _until_error(loader: Any, g: Any, n_epochs: int = 2) -> list[dict[str, Any]]:
+    """Per epoch: the batches before the first error, and the error's type and message."""
+    out = []
+    for _ in range(n_epochs):
+        got: list[Any] = []
+        error = None
+        try:
+            for batch in loader:
+                got.append(batch)
+        except Exception as err:  # noqa: BLE001 - compared with torch's below
+            error = (type(err).__name__, str(err))
+        out.append({"batches": canon(got), "error": error})
+    return out
+
+
+def _assert_same_errors(expected: list[dict[str, Any]], got: list[dict[str, Any]]) -> None:
+    """The same batches before the error, the same error type, torch's message within the drop-in's
+    (torch adds the worker's traceback to a message raised in a worker)."""
+    assert_same([e["batches"] for e in expected], [e["batches"] for e in got])
+    for epoch, (e, g) in enumerate(zip(expected, got, strict=True)):
+        assert e["error"] is not None
+        assert g["error"] is not None, f"epoch {epoch}: torch raised {e['error']}, the drop-in nothing"
+        assert g["error"][0] == e["error"][0], f"epoch {epoch}: {g['error']} instead of {e['error']}"
+        assert e["error"][1] in g["error"][1], f"epoch {epoch}: {g['error']} instead of {e['error']}"
+
+
+@pytest.mark.parametrize("error", [ValueError, KeyError])
+@pytest.mark.parametrize("bad", [10, 300], ids=["early", "late"])
+def test_error_in_getitem_reaches_the_caller_at_the_same_batch(state: str, error: type, bad: int) -> None:
+    expected, got = both(state, _until_error, lambda: Fails(N, bad, error),
+                         kwargs=lambda ds, g: {"batch_size": BATCH})
+    _assert_same_errors(expected, got)
+
+
+def test_epoch_goes_on_after_a_failed_batch(state: str) -> None:
+    # torch's iterator (with or without workers) skips a batch whose sample raised: the caller that
+    # catches the error and calls next() again gets the rest of the epoch.
+    def loop(loader: Any, g: Any) -> list[Any]:
+        out: list[Any] = []
+        it = iter(loader)
+        while True:
+            try:
+                out.append(canon(next(it)))
+            except StopIteration:
+                return out
+            except ValueError:
+                out.append("ValueError")
+
+    expected, got = both(state, loop, lambda: Fails(N, 300, ValueError),
+                         kwargs=lambda ds, g: {"batch_size": BATCH})
+    assert_same(expected, got)
+
+
+CONSTRUCTION_ERRORS = {
+    "negative-num-workers": (Indexed, {"num_workers": -1}),
+    "batch-size-zero": (Indexed, {"batch_size": 0}),
+    "sampler-and-shuffle": (Indexed, {"sampler": EvensThenOdds(N), "shuffle": True}),
+    "batch-sampler-and-batch-size": (Indexed, {"batch_sampler": UnevenBatches(N), "batch_size": 4}),
+    "batch-sampler-and-drop-last": (Indexed, {"batch_sampler": UnevenBatches(N), "drop_last": True}),
+    "prefetch-factor-without-workers": (Indexed, {"prefetch_factor": 2}),
+    "persistent-workers-without-workers": (Indexed, {"persistent_workers": True}),
+    "context-without-workers": (Indexed, {"multiprocessing_context": "spawn"}),
+    "unknown-context": (Indexed, {"multiprocessing_context": "teleport", "num_workers": 2}),
+    "stream-with-shuffle": (Stream, {"shuffle": True}),
+    "stream-with-sampler": (Stream, {"sampler": EvensThenOdds(N)}),
+    "empty-dataset-with-shuffle": (lambda: Indexed(0), {"shuffle": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(CONSTRUCTION_ERRORS))
+def test_construction_errors_are_torch_s(state: str, case: str) -> None:
+    dataset, kwargs = CONSTRUCTION_ERRORS[case]
+    with pytest.raises(Exception) as torch_error:  # noqa: B017 - whatever torch raises is the oracle
+        make("torch", dataset(), **kwargs)
+    with pytest.raises(Exception) as ours:  # noqa: B017
+        make(state, dataset(), **kwargs)
+    assert isinstance(ours.value, torch_error.type), f"{ours.value!r} instead of {torch_error.value!r}"
+    assert str(torch_error.value) in str(ours.value)
+
+
+def test_user_timeout_raises_torch_s_error(state: str) -> None:
+    # Sample 9 takes 3 s; the caller allows 1 s per batch, with one worker given (settled-threads is
+    # served by a process here).
+    with time_limit(30, "a loader whose batch times out"):
+        expected, got = both(state, functools.partial(_until_error, n_epochs=1),
+                             lambda: Sleeps(40, 9, 3.0), oracle_key="timeout",
+                             kwargs=lambda ds, g: {"batch_size": BATCH, "num_workers": 1, "timeout": 1})
+    assert expected[0]["error"][1].startswith("DataLoader timed out")
+    _assert_same_errors(expected, got)
