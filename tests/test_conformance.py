@@ -48,10 +48,14 @@ from conformance_helpers import (
     EPOCHS,
     STATES,
     STREAM_STATES,
+    Buckets,
+    ByLength,
+    ChecksInit,
     EvensThenOdds,
     Fails,
     Indexed,
     N,
+    OpensInWorkers,
     RandomTransform,
     RecordsReaders,
     SizedStream,
@@ -59,6 +63,7 @@ from conformance_helpers import (
     Stream,
     UnevenBatches,
     UnshardedStream,
+    VariableLength,
     as_dict,
     assert_same,
     assert_same_epochs,
@@ -69,10 +74,15 @@ from conformance_helpers import (
     indices,
     leftovers,
     make,
+    mark_initialised,
+    open_handle,
     readers,
+    record_worker_init,
     rng_states,
     snapshot,
+    take_worker_inits,
     time_limit,
+    write_values,
 )
 
 TEST_LIMIT_S = 120.0
@@ -401,3 +411,117 @@ def test_user_timeout_raises_torch_s_error(state: str) -> None:
                              kwargs=lambda ds, g: {"batch_size": BATCH, "num_workers": 1, "timeout": 1})
     assert expected[0]["error"][1].startswith("DataLoader timed out")
     _assert_same_errors(expected, got)
+
+
+# -- worker processes: worker_init_fn, multiprocessing_context, persistent_workers -----------------
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["per-epoch", "persistent"])
+def test_worker_init_fn_called_per_worker_process(state: str, persistent: bool, tmp_path: Any) -> None:
+    # num_workers=2 given (settled-threads is served by processes here).
+    folder = str(tmp_path)
+
+    def loop(loader: Any, g: Any) -> list[dict[str, Any]]:
+        out = []
+        for _ in range(EPOCHS):
+            batches = canon(list(loader))
+            out.append({"inits": take_worker_inits(folder), "batches": batches})
+        return out
+
+    # Each call records the worker's id, its info, and its seed (torch's base seed, drawn from the
+    # generator at the start of the epoch, plus the worker's id).
+    init = functools.partial(record_worker_init, folder, os.getpid())
+    expected, got = both(state, loop, Indexed, generator=True, kwargs=lambda ds, g: {
+        "batch_size": BATCH, "generator": g, "num_workers": 2, "persistent_workers": persistent,
+        "worker_init_fn": init})
+    if state != "exploring":
+        assert_same(expected, got)
+        return
+    # Exploring starts a pool of two workers per stretch, so worker_init_fn runs more often than
+    # torch runs it (once per worker per stretch), each time in a worker with its info set.
+    assert_same([e["batches"] for e in expected], [e["batches"] for e in got])
+    for epoch in got:
+        for call in epoch["inits"]:
+            assert call["info_id"] == call["worker_id"] and call["num_workers"] == 2, call
+            assert not call["in_main_process"] and call["seed"] == call["initial_seed"], call
+    assert {c["worker_id"] for c in got[0]["inits"]} == {0, 1}
+
+
+def test_samples_read_off_the_main_thread_see_worker_init_fn(state: str) -> None:
+    """With a worker_init_fn and no workers given, torch reads every sample in the main thread. The
+    drop-in may read in workers, but only in ones where worker_init_fn ran, with get_worker_info()
+    set (what the function of a real script reads): each sample says whether that held."""
+    expected, got = both(state, epoch_batches, ChecksInit, kwargs=lambda ds, g: {
+        "batch_size": BATCH, "worker_init_fn": mark_initialised})
+    assert_same(expected, got)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_multiprocessing_context_with_workers(state: str, context: str) -> None:
+    # num_workers=2 given (settled-threads is served by processes here). One epoch under spawn: its
+    # workers import torch.
+    n_epochs = 1 if context == "spawn" else 2
+    expected, got = both(state, functools.partial(epoch_batches, n=n_epochs), Indexed,
+                         oracle_key=f"context-{context}",
+                         kwargs=lambda ds, g: {"batch_size": BATCH, "num_workers": 2,
+                                               "multiprocessing_context": context})
+    assert_same(expected, got)
+
+
+# -- what is read in the main process --------------------------------------------------------------
+
+
+def test_no_sample_read_in_the_main_process_with_workers_given(state: str, tmp_path: Any) -> None:
+    # num_workers=2 given (settled-threads is served by processes here): torch reads no sample in the
+    # main process, not even at construction.
+    def loop(loader: Any, g: Any) -> dict[str, Any]:
+        at_construction = readers(str(tmp_path))
+        batches = epoch_batches(loader, g, n=2)
+        main_reads = readers(str(tmp_path)).get(os.getpid(), [])
+        for path in tmp_path.iterdir():
+            path.unlink()
+        return {"read_at_construction": sorted(at_construction), "batches": batches,
+                "main_process_reads": sorted(i for i, _ in main_reads)}
+
+    def dataset() -> RecordsReaders:
+        return RecordsReaders(200, str(tmp_path))
+
+    expected, got = both(state, loop, dataset, kwargs=lambda ds, g: {"batch_size": BATCH, "num_workers": 2})
+    assert expected["read_at_construction"] == [] and expected["main_process_reads"] == []
+    assert_same(expected, got)
+
+
+def test_dataset_opened_in_worker_init_fn(state: str, tmp_path: Any) -> None:
+    # h5py/LMDB style, num_workers=2 given (settled-threads is served by processes here): the main
+    # process never has the file open, so a sample read there fails.
+    path = str(tmp_path / "values.bin")
+    write_values(path)
+    expected, got = both(state, epoch_batches, lambda: OpensInWorkers(path),
+                         kwargs=lambda ds, g: {"batch_size": BATCH, "num_workers": 2,
+                                               "worker_init_fn": open_handle})
+    assert_same(expected, got)
+
+
+VARIABLE_LENGTH_CASES = {
+    "bucketing-batch-sampler": (401, lambda ds, g: {"batch_sampler": Buckets(len(ds))}),
+    # 136 samples of each length: batches of 4 in this order never mix two lengths.
+    "sampler-sorted-by-length": (408, lambda ds, g: {"batch_size": BATCH, "sampler": ByLength(len(ds))}),
+}
+
+
+@pytest.mark.parametrize("case", list(VARIABLE_LENGTH_CASES))
+def test_variable_length_samples_batched_by_length(state: str, case: str) -> None:
+    # Samples of three lengths, each batch of one length: default_collate of a sample of one
+    # length with a sample of another fails, but no batch here mixes them. The first and the last
+    # sample differ in length.
+    n, kwargs = VARIABLE_LENGTH_CASES[case]
+    expected, got = both(state, epoch_batches, lambda: VariableLength(n), kwargs=kwargs)
+    assert_same(expected, got)
+
+
+def test_empty_dataset_yields_nothing(state: str) -> None:
+    def loop(loader: Any, g: Any) -> dict[str, Any]:
+        return {"len": len(loader), "epochs": epoch_batches(loader, g)}
+
+    expected, got = both(state, loop, lambda: Indexed(0), kwargs=lambda ds, g: {"batch_size": BATCH})
+    assert_same(expected, got)
