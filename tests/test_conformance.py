@@ -35,7 +35,11 @@ it did not start, no thread, no new shared-memory file, and every test runs unde
 from __future__ import annotations
 
 import functools
+import gc
+import itertools
 import os
+import pickle
+import subprocess
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -53,6 +57,7 @@ from conformance_helpers import (
     ChecksInit,
     EvensThenOdds,
     Fails,
+    Forever,
     Indexed,
     N,
     OpensInWorkers,
@@ -79,11 +84,14 @@ from conformance_helpers import (
     readers,
     record_worker_init,
     rng_states,
+    run,
     snapshot,
     take_worker_inits,
     time_limit,
     write_values,
 )
+
+import autotune
 
 TEST_LIMIT_S = 120.0
 """No test here may run longer (the usual one takes a second or two): past it, it fails as hung."""
@@ -524,4 +532,117 @@ def test_empty_dataset_yields_nothing(state: str) -> None:
         return {"len": len(loader), "epochs": epoch_batches(loader, g)}
 
     expected, got = both(state, loop, lambda: Indexed(0), kwargs=lambda ds, g: {"batch_size": BATCH})
+    assert_same(expected, got)
+
+
+# -- an infinite sampler --------------------------------------------------------------------------
+
+
+def test_infinite_sampler_serves_what_is_taken(state: str) -> None:
+    def loop(loader: Any, g: Any) -> Any:
+        return canon(list(itertools.islice(loader, 200)))
+
+    with time_limit(60, "200 batches from an infinite sampler"):
+        expected, got = both(state, loop, Indexed,
+                             kwargs=lambda ds, g: {"batch_size": BATCH, "sampler": Forever(len(ds))})
+    assert_same(expected, got)
+
+
+# -- pickling and typing --------------------------------------------------------------------------
+
+
+def test_pickle_after_an_epoch(state: str) -> None:
+    def loop(loader: Any, g: Any) -> dict[str, Any]:
+        first = canon(list(loader))
+        copy = pickle.loads(pickle.dumps(loader))
+        return {"first": first, "copy": canon(list(copy))}
+
+    expected, got = both(state, loop, Indexed, kwargs=lambda ds, g: {"batch_size": BATCH})
+    assert_same(expected, got)
+
+
+def test_generic_subscription() -> None:
+    # A property of the class, the same in every state: DataLoader[T] in a type annotation or a
+    # call, as torch's DataLoader is Generic[T_co].
+    alias = autotune.DataLoader[tuple]
+    assert_same(canon(list(tud.DataLoader[tuple](Indexed(8), batch_size=BATCH))),
+                canon(list(alias(Indexed(8), batch_size=BATCH, cache=False))))
+
+
+# -- the torch thread count -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order", ["creation", "reverse", "collection"])
+def test_torch_threads_restored_whatever_the_close_order(state: str, order: str) -> None:
+    original = torch.get_num_threads()
+    torch.set_num_threads(3)  # not 1, so that a loader using 1 thread changes it
+    try:
+        first = make(state, Indexed(64), torch_threads=1, batch_size=BATCH)
+        second = make(state, Indexed(64), torch_threads=1, batch_size=BATCH)
+        list(first)
+        list(second)
+        if order == "creation":
+            first.close()
+            second.close()
+        elif order == "reverse":
+            second.close()
+            first.close()
+        else:
+            del first
+            gc.collect()
+            del second
+            gc.collect()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(original)
+
+
+# -- what the user started ------------------------------------------------------------------------
+# In order, with no shuffling: these tests are about what survives, not about the sample order.
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sleep", "30"])
+
+
+def test_user_processes_survive_an_epoch(state: str) -> None:
+    # One started before the loop and three during it (at the start, a third and two thirds in, so
+    # that some start while the exploring state serves a stretch by worker processes).
+    def loop(loader: Any, g: Any) -> dict[str, Any]:
+        mine = [_sleeper()]
+        try:
+            batches = []
+            for k, batch in enumerate(loader):
+                if k in (1, len(loader) // 3, 2 * len(loader) // 3):
+                    mine.append(_sleeper())
+                batches.append(batch)
+            return {"batches": canon(batches), "exit_codes": [p.poll() for p in mine]}
+        finally:
+            for p in mine:
+                p.kill()
+                p.wait()
+
+    expected, got = both(state, loop, Indexed, kwargs=lambda ds, g: {"batch_size": BATCH})
+    assert expected["exit_codes"] == [None] * 4
+    assert_same(expected, got)
+
+
+def test_a_plain_torch_loader_zipped_with_the_drop_in(state: str) -> None:
+    def loop(loader: Any, g: Any) -> Any:
+        plain = tud.DataLoader(Indexed(), batch_size=BATCH, num_workers=2)
+        return canon(list(zip(loader, plain, strict=False)))
+
+    expected, got = both(state, loop, Indexed, kwargs=lambda ds, g: {"batch_size": BATCH})
+    assert_same(expected, got)
+
+
+def test_two_drop_ins_zipped(state: str) -> None:
+    def loop(kind: str, loader: Any, g: Any) -> Any:
+        other = make(kind, Indexed(), batch_size=BATCH)
+        return [canon(list(zip(loader, other, strict=False))) for _ in range(2)]
+
+    expected = run("torch", functools.partial(loop, "torch"), Indexed(), kwargs=lambda ds, g: {
+        "batch_size": BATCH})
+    got = run(state, functools.partial(loop, state), Indexed(), kwargs=lambda ds, g: {
+        "batch_size": BATCH})
     assert_same(expected, got)
