@@ -90,6 +90,8 @@ from conformance_helpers import (
     time_limit,
     write_values,
 )
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 import autotune
 
@@ -646,3 +648,33 @@ def test_two_drop_ins_zipped(state: str) -> None:
     got = run(state, functools.partial(loop, state), Indexed(), kwargs=lambda ds, g: {
         "batch_size": BATCH})
     assert_same(expected, got)
+
+
+# -- properties -----------------------------------------------------------------------------------
+
+
+@settings(max_examples=15, deadline=None,
+          # Every example runs real loaders (about a second): shrinking a failure would take minutes,
+          # so a failing example is reported as drawn.
+          phases=[Phase.explicit, Phase.reuse, Phase.generate],
+          # The function-scoped fixtures (the cache folder, the accounting) are for the whole test.
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 300), batch_size=st.integers(1, 9), drop_last=st.booleans(),
+       shuffle=st.booleans(), seed=st.integers(0, 2**31 - 1), stop=st.integers(0, 40))
+def test_property_same_index_order_while_exploring(n: int, batch_size: int, drop_last: bool,
+                                                   shuffle: bool, seed: int, stop: int) -> None:
+    def loop(loader: Any, g: Any) -> list[dict[str, Any]]:
+        out = []
+        for epoch in range(3):
+            got: list[list[int]] = []
+            for k, batch in enumerate(loader):
+                if epoch == 0 and k == stop:
+                    break
+                got.append(indices(batch))
+            out.append({"batches": got, **rng_states(g)})
+        return out
+
+    expected, got = both("exploring", loop, lambda: Indexed(n), generator=True, seed=seed,
+                         kwargs=lambda ds, g: {"batch_size": batch_size, "drop_last": drop_last,
+                                               "shuffle": shuffle, "generator": g})
+    assert_same_epochs(expected, got)
