@@ -653,10 +653,10 @@ def _ours_or_unknown(name: str, ours: set[int]) -> bool:
     return True
 
 
-def leftovers(before: Snapshot) -> list[str]:
-    """What was started since ``before`` and is still there after ``SETTLE_S``: child processes,
+def leftovers(before: Snapshot, settle_s: float = SETTLE_S) -> list[str]:
+    """What was started since ``before`` and is still there after ``settle_s``: child processes,
     threads, shared-memory files. Leftover processes are then killed, so the next test starts clean."""
-    deadline = time.monotonic() + SETTLE_S
+    deadline = time.monotonic() + settle_s
     while True:
         gc.collect()
         children = {pid: p for pid, p in live_children().items()

@@ -50,6 +50,7 @@ import torch.utils.data as tud
 from conformance_helpers import (
     BATCH,
     EPOCHS,
+    SHM_DIR,
     STATES,
     STREAM_STATES,
     Buckets,
@@ -58,6 +59,7 @@ from conformance_helpers import (
     EvensThenOdds,
     Fails,
     Forever,
+    Hung,
     Indexed,
     N,
     OpensInWorkers,
@@ -119,6 +121,35 @@ def state(request: pytest.FixtureRequest) -> str:
 def stream_state(request: pytest.FixtureRequest) -> str:
     """The states of a drop-in over an IterableDataset (no thread workers: see STREAM_STATES)."""
     return request.param
+
+
+# -- the checks can fail -------------------------------------------------------------------------
+
+
+def test_the_leftover_check_sees_a_process_a_thread_and_a_segment() -> None:
+    before = snapshot()
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="left-running")
+    thread.start()
+    child = subprocess.Popen(["sleep", "30"])
+    segment = os.path.join(SHM_DIR, f"torch_{os.getpid()}_{child.pid}")
+    open(segment, "w").close()
+    try:
+        left = leftovers(before, settle_s=0.2)
+    finally:
+        stop.set()
+        thread.join()
+        os.unlink(segment)
+        child.kill()
+        child.wait()
+    assert len(left) == 3, left
+    assert str(child.pid) in left[0] and "left-running" in left[1] and os.path.basename(segment) in left[2]
+
+
+def test_a_hang_is_stopped_and_reported() -> None:
+    with (pytest.raises(Hung, match="a loop that waits forever did not finish within 0.5 s"),
+          time_limit(0.5, "a loop that waits forever")):
+        threading.Event().wait()
 
 
 # -- the states are what they say ----------------------------------------------------------------
