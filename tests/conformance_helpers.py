@@ -204,7 +204,9 @@ def assert_same(expected: Any, got: Any) -> None:
 def assert_same_epochs(expected: list[dict[str, Any]], got: list[dict[str, Any]]) -> None:
     """Per-epoch results: every epoch's batches first, so that a difference in order is reported as
     one, then the rest (the RNG states after each epoch)."""
-    assert_same([e["batches"] for e in expected], [g["batches"] for g in got])
+    difference = first_difference([e["batches"] for e in expected], [g["batches"] for g in got],
+                                  path="batches")
+    assert difference is None, difference
     assert_same(expected, got)
 
 

@@ -660,19 +660,34 @@ def test_user_processes_survive_an_epoch(state: str) -> None:
     assert_same(expected, got)
 
 
-def test_a_plain_torch_loader_zipped_with_the_drop_in(state: str) -> None:
+@pytest.mark.parametrize("start", [0, 30], ids=["from-the-start", "mid-epoch"])
+def test_a_plain_torch_loader_zipped_with_the_drop_in(state: str, start: int) -> None:
+    # The plain loader's workers start with the epoch, or 30 batches into it (a loader the user
+    # reads beside the drop-in from there, as a validation loop does): by then the exploring state
+    # serves a stretch by worker processes of its own.
     def loop(loader: Any, g: Any) -> Any:
         plain = tud.DataLoader(Indexed(), batch_size=BATCH, num_workers=2)
-        return canon(list(zip(loader, plain, strict=False)))
+        it = iter(loader)
+        head = [next(it) for _ in range(start)]
+        return {"head": canon(head), "pairs": canon(list(zip(it, plain, strict=False)))}
 
     expected, got = both(state, loop, Indexed, kwargs=lambda ds, g: {"batch_size": BATCH})
     assert_same(expected, got)
 
 
+def _failed_trials(loader: Any) -> list[str]:
+    """What a drop-in recorded as failed (torch's loader records nothing)."""
+    tuning = getattr(loader, "tuning", None)
+    return [f"{r.candidate.label()}: {r.reason}" for r in (tuning.trials if tuning else ())
+            if r.state == "failed"]
+
+
 def test_two_drop_ins_zipped(state: str) -> None:
+    # Nothing here can fail: a candidate of one recorded as failed was broken by the other.
     def loop(kind: str, loader: Any, g: Any) -> Any:
         other = make(kind, Indexed(), batch_size=BATCH)
-        return [canon(list(zip(loader, other, strict=False))) for _ in range(2)]
+        pairs = [canon(list(zip(loader, other, strict=False))) for _ in range(2)]
+        return {"pairs": pairs, "failed": _failed_trials(loader) + _failed_trials(other)}
 
     expected = run("torch", functools.partial(loop, "torch"), Indexed(), kwargs=lambda ds, g: {
         "batch_size": BATCH})
