@@ -20,6 +20,7 @@ __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_EPOCHS", "TuneResult", "tune_loader"]
 
 log = logging.getLogger("autotune")
 
+
 def tune_loader(
     dataset: Any,
     step: Callable[[Any], Any] | None = None,

@@ -38,7 +38,7 @@ import torch.utils.data as tud
 
 from .decide import Phase, describe_error
 from .measure import WARMUP_BATCHES, Measurement, batch_length, quiet_worker_warning
-from .online import Outcome
+from .online import STRETCH_MIN_BATCHES, STRETCH_WINDOW_S, Outcome
 from .space import Candidate
 from .supervise import CHILD_SIGNAL, process_memory, remove_orphan_segments, stop_iterator, worker_pids
 
@@ -47,46 +47,40 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("autotune")
 
-STRETCH_MIN_BATCHES = 6
-"""Items measured per stretch after its warm-up: enough for a median, cheap on short epochs."""
-
-STRETCH_WINDOW_S = 0.75
-"""Seconds measured per stretch at least (the offline window is 1 s for a minute's budget)..."""
-
-MIN_STRETCH_WINDOW_S = 0.2
-"""...unless the epoch is short: then a window is 1/STRETCHES_PER_EPOCH of the epoch, at least this."""
-
-STRETCHES_PER_EPOCH = 16
-"""Measured stretches one epoch should hold, so that a search fits in an epoch or two."""
-
-MAX_STRETCH_FRACTION = 0.25
-"""A stretch serves at most this share of an epoch, so one epoch compares several candidates."""
-
-UNSIZED_STRETCH = 64
-"""Items a stretch may serve when the epoch has no length (a sampler that never ends)."""
-
 ABANDON_AFTER = 3
 """Measured items before a candidate may be abandoned."""
 
 
 class Feed:
-    """The epoch's items, drawn lazily from the sampler; items given back come out first."""
+    """The epoch's items, drawn lazily from the sampler; items given back come out first.
 
-    def __init__(self, source: Iterator[Any]) -> None:
+    Inner loaders take items ahead of the user (their workers prefetch) but never past the
+    sampler's length: the draw that tells a sampler's end (a RandomSampler draws once more there)
+    happens only when the user asks for an item after the last (:meth:`drained`), as with torch.
+    """
+
+    def __init__(self, source: Iterator[Any], length: int | None = None) -> None:
         self._source = source
+        self._length = length
+        self._pulled = 0
         self._back: collections.deque[Any] = collections.deque()
         self._ended = False
 
     def take(self) -> Any:
         if self._back:
             return self._back.popleft()
-        if self._ended:
+        if self._ended or (self._length is not None and self._pulled >= self._length):
             raise StopIteration
+        return self._pull()
+
+    def _pull(self) -> Any:
         try:
-            return next(self._source)
+            item = next(self._source)
         except StopIteration:
             self._ended = True
             raise
+        self._pulled += 1
+        return item
 
     def give_back(self, items: list[Any]) -> None:
         self._back.extendleft(reversed(items))
@@ -102,10 +96,15 @@ class Feed:
         self.give_back(drawn)
 
     def drained(self) -> bool:
+        """Whether the epoch has no item left; asked when the user wants the next item, so it may
+        draw from the sampler as torch's own ``next()`` would (past the length, its end)."""
         if self._back:
             return False
         if not self._ended:
-            self.prime(1)
+            try:
+                self._back.append(self._pull())
+            except StopIteration:
+                return True
         return not self._back
 
 
@@ -223,6 +222,8 @@ class Stretch:
         self.private = private
         """Never the loader's held (persistent) inner loader: another iterator may be using it."""
         self.served = 0
+        self.raised = 0
+        """Items whose loading raised the user's error (handed to the caller as that error)."""
         self.samples = 0
         self.failure: str | None = None
         self.abandoned = False
@@ -274,7 +275,7 @@ class Stretch:
         if self.phase is not None and not self.whole and self._measured_enough(now):
             self.done = True
             raise StopIteration
-        if self.limit is not None and self.served >= self.limit:
+        if self.limit is not None and self.served + self.raised >= self.limit:
             self.done = True
             raise StopIteration
         if self.loader._live_iterators() > 1:
@@ -284,11 +285,14 @@ class Stretch:
                 item = next(self.it)
         except StopIteration:
             self.done = True
-            self.exhausted = self.limit is None or self.served < self.limit
+            self.exhausted = self.limit is None or self.served + self.raised < self.limit
             raise
         except Exception as err:
             if self.baseline:
-                raise  # the user's own settings: the user's error, and the stretch goes on after it
+                # The user's own settings: the user's error, for this item, as torch raises it; the
+                # stretch goes on with the next item, as torch's iterator does.
+                self.raised += 1
+                raise
             self.fail(err)
         got = time.perf_counter()
         if self.served == 0:
@@ -324,7 +328,7 @@ class Stretch:
             stop_iterator(self.it)
             remove_orphan_segments(workers)  # what workers that died mid-batch left in /dev/shm
         if self.sampler is not None and self.feed is not None and self.candidate.in_order:
-            self.feed.give_back(self.sampler.taken[self.served:])
+            self.feed.give_back(self.sampler.taken[self.served + self.raised:])
             self.sampler.taken = []
         self.it = None
         self.done = True
@@ -339,7 +343,7 @@ class Stretch:
                        if self.started_at else 0.0)
 
     def remaining(self) -> int | None:
-        return None if self.limit is None else max(0, self.limit - self.served)
+        return None if self.limit is None else max(0, self.limit - self.served - self.raised)
 
 
 _TO_THE_END: Any = object()
@@ -396,23 +400,9 @@ class SearchDriver(Driver):
         c, phase = nxt
         if self.feed is None:  # a stream: one candidate for the whole epoch
             return self._stretch(c, phase, None, whole=True)
-        return self._stretch(c, phase, self._length(c), abandon_below=t.abandon_below(phase),
-                             whole=t.together, window_s=self._window_s())
-
-    def _window_s(self) -> float:
-        """STRETCH_WINDOW_S, or a 1/STRETCHES_PER_EPOCH share of an epoch at the baseline's rate."""
-        base = self.tuning.ledger.by_candidate.get(self.tuning.baseline)
-        if not base or not self.epoch_items or base[0].measurement is None:
-            return STRETCH_WINDOW_S
-        m = base[0].measurement
-        epoch_s = self.epoch_items * (m.samples / max(1, m.batches)) / max(m.samples_per_s, 1e-9)
-        return min(STRETCH_WINDOW_S, max(MIN_STRETCH_WINDOW_S, epoch_s / STRETCHES_PER_EPOCH))
-
-    def _length(self, c: Candidate) -> int:
-        backlog = c.num_workers * (c.prefetch_factor or 2)
-        least = WARMUP_BATCHES + 2 * backlog + STRETCH_MIN_BATCHES + 1
-        share = int(MAX_STRETCH_FRACTION * self.epoch_items) if self.epoch_items else UNSIZED_STRETCH
-        return max(share, least)
+        return self._stretch(c, phase, t.stretch_length(c, self.epoch_items),
+                             abandon_below=t.abandon_below(phase), whole=t.together,
+                             window_s=t.window_s(self.epoch_items))
 
     def record(self, stretch: Stretch) -> None:
         if stretch.phase is not None and not stretch.interfered:
@@ -506,7 +496,7 @@ class EpochIterator:
         return self
 
     def __len__(self) -> int:
-        return len(self._loader)
+        return len(self._loader._index_sampler)  # as torch's iterator: a stream's has no length
 
     def __getattr__(self, name: str) -> Any:
         # torch's iterator internals (``_workers``, ...), where the current stretch's iterator has them
@@ -546,7 +536,8 @@ class EpochIterator:
                 item = stretch.next()
             except StopIteration:
                 self._close_stretch()
-                if stretch.exhausted or (self._driver.feed is not None and self._driver.feed.drained()):
+                feed = self._driver.feed
+                if (stretch.exhausted and feed is None) or (feed is not None and feed.drained()):
                     self._end(complete=True)
                     raise
                 continue

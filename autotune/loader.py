@@ -190,6 +190,7 @@ class DataLoader(tud.DataLoader[T_co]):
         retune: bool = False,
         batch_timeout_s: float | None = None,
         _configured: Candidate | None = None,
+        _written: dict[str, Any] | None = None,
     ) -> None:
         given = {"num_workers": num_workers, "pin_memory": pin_memory,
                  "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers}
@@ -206,13 +207,16 @@ class DataLoader(tud.DataLoader[T_co]):
         # torch's own constructor, with what the user wrote: its checks, messages and attributes.
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler,
-            literal.get("num_workers", 1 if workers_needed and "num_workers" not in literal else 0),
+            literal.get("num_workers", 1 if workers_needed and written.get("num_workers") == AUTO else 0),
             collate_fn, bool(literal.get("pin_memory", False)), drop_last, timeout, worker_init_fn,
             multiprocessing_context, generator, prefetch_factor=literal.get("prefetch_factor"),
             persistent_workers=bool(literal.get("persistent_workers", False)),
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         fixed = _fixed(literal if self.explicit_settings_are_fixed else {}, torch_threads)
+        if worker_init_fn is not None and fixed.persistent_workers is None:
+            # torch runs it in every new worker, every epoch: workers kept alive would skip it.
+            fixed = replace(fixed, persistent_workers=False)
         if _configured is not None:
             fixed = replace(fixed, torch_threads=_configured.torch_threads,
                             leave_threads=_configured.torch_threads is None)
@@ -221,10 +225,18 @@ class DataLoader(tud.DataLoader[T_co]):
         self._epoch_iterator: EpochIterator | None = None
         self._live: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
         self._served_batches = 0
-        self._epoch_seeds = 0
-        self._base_seed = 0
+        self._seed_state: torch.Tensor | None = None
+        """The generator's (or global RNG's) state before this epoch's base seed was drawn."""
+        self._inner_loaders = 0
+        """Inner loaders built in this epoch (each takes the base-seed draw one further)."""
         self._explore_timeout_s = batch_timeout_s if batch_timeout_s is not None else EXPLORE_BATCH_TIMEOUT_S
-        self._user_workers = int(literal.get("num_workers", 0) or 0)
+        # What the caller wrote decides torch's iteration semantics (its workers start in iter(), a
+        # base seed per new iterator, one iterator reset with persistent workers); a loader built
+        # from a result (``configured``) shows the tuned settings but iterates as its caller wrote.
+        written_by_user = literal if _written is None else _written
+        self._user_workers = int(written_by_user.get("num_workers", 0) or 0)
+        self._user_prefetch = int(written_by_user.get("prefetch_factor") or 2)
+        self._user_persistent = bool(written_by_user.get("persistent_workers")) and self._user_workers > 0
         plan = make_plan(
             dataset, None, batch_size=_plan_batch_size(dataset, batch_size), budget_s=None,
             device=device, epochs=epochs, pretransform=pretransform,
@@ -270,17 +282,23 @@ class DataLoader(tud.DataLoader[T_co]):
         candidate's: ``num_workers`` makes them worker processes, as a plain DataLoader would start.
         """
         c = candidate
+        written = {k: v for k, v in kwargs.items()
+                   if k in ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")}
+        if kwargs.get("worker_init_fn") is not None:
+            # It runs in each worker process, every epoch unless the caller keeps workers alive:
+            # threads cannot run it as torch does, and kept workers would skip its later calls.
+            if c.threaded:
+                c = replace(c, worker_kind="process")
+            if "persistent_workers" not in written:
+                c = replace(c, persistent_workers=False)
         if "num_workers" in kwargs:
             n = kwargs.pop("num_workers")
-            _fixed({"num_workers": n}, None)
             c = replace(c, num_workers=n, worker_kind="process", in_order=True,
                         prefetch_factor=(c.prefetch_factor or 2) if n else None,
                         persistent_workers=bool(n) and c.persistent_workers)
         for name in ("pin_memory", "prefetch_factor", "persistent_workers"):
             if name in kwargs:
-                value = kwargs.pop(name)
-                _fixed({name: value}, None)
-                c = replace(c, **{name: value})
+                c = replace(c, **{name: kwargs.pop(name)})
         if "in_order" in kwargs:
             c = replace(c, in_order=bool(kwargs.pop("in_order")))
         kwargs.setdefault("batch_size", c.batch_size)
@@ -292,7 +310,7 @@ class DataLoader(tud.DataLoader[T_co]):
             kwargs.update(prefetch_factor=c.prefetch_factor, persistent_workers=c.persistent_workers,
                           in_order=c.in_order)
         return cls(dataset, pretransform=c.pretransform, device=device, cache=False,
-                   torch_threads=c.torch_threads, _configured=c, **kwargs)
+                   torch_threads=c.torch_threads, _configured=c, _written=written, **kwargs)
 
     # -- public ------------------------------------------------------------------------------------
 
@@ -342,16 +360,12 @@ class DataLoader(tud.DataLoader[T_co]):
         return self._get_iterator()
 
     @property
-    def _user_persistent(self) -> bool:
-        return bool(self.persistent_workers) and self.num_workers > 0
-
-    @property
     def _eager_start(self) -> bool:
         """Whether torch would start loading in ``iter()`` (worker processes written by the user)."""
-        return self.num_workers > 0
+        return self._user_workers > 0
 
     def _get_iterator(self) -> EpochIterator:  # type: ignore[override]
-        if self.num_workers > 0:
+        if self._user_workers > 0:
             self.check_worker_number_rationality()  # torch's warning, where torch gives it
         return EpochIterator(self, self._make_driver)
 
@@ -360,12 +374,19 @@ class DataLoader(tud.DataLoader[T_co]):
         a base seed drawn as torch's iterators draw it."""
         feed = None
         if not isinstance(self.dataset, tud.IterableDataset):
-            feed = Feed(iter(self._index_sampler))
+            source = iter(self._index_sampler)
+            try:
+                length: int | None = len(self._index_sampler)
+            except TypeError:  # a sampler without a length (one that never ends, say)
+                length = None
+            feed = Feed(source, length)
         if fresh:
-            self._epoch_seeds += 1
-            self._base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
-        if feed is not None and self.num_workers > 0:
-            feed.prime(self.num_workers * (self.prefetch_factor or 2))
+            rng = self.generator if self.generator is not None else torch.default_generator
+            self._seed_state = rng.get_state()
+            self._inner_loaders = 0
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        if feed is not None and self._user_workers > 0:
+            feed.prime(self._user_workers * self._user_prefetch)
         t = self._tuning
         for it in list(self._live):
             it.finish_if_served()  # an epoch a trainer stopped at len(loader) is over
@@ -418,7 +439,7 @@ class DataLoader(tud.DataLoader[T_co]):
         timeout = self.timeout or (0.0 if stretch.phase is None else self._explore_timeout_s)
         kw: dict[str, Any] = {"worker_init_fn": self.worker_init_fn,
                               "pin_memory_device": self.pin_memory_device,
-                              "generator": torch.Generator().manual_seed(self._base_seed + self._epoch_seeds)}
+                              "generator": self._inner_generator()}
         if c.num_workers and c.worker_kind == "process":
             kw["multiprocessing_context"] = self.multiprocessing_context
         if c.threaded:
@@ -433,6 +454,18 @@ class DataLoader(tud.DataLoader[T_co]):
                               batch_timeout_s=timeout, prepared=prepared, **kw)
         loader._autotune_prepared = prepared
         return loader
+
+    def _inner_generator(self) -> torch.Generator:
+        """A private generator whose first draw is the base seed the epoch drew, as torch's iterator
+        would (so the first inner loader's workers are seeded as the user's own loader's would be);
+        each later inner loader of the epoch starts one draw further. The user's RNGs are untouched."""
+        g = torch.Generator()
+        if self._seed_state is not None:
+            g.set_state(self._seed_state)
+        for _ in range(self._inner_loaders):
+            torch.empty((), dtype=torch.int64).random_(generator=g)
+        self._inner_loaders += 1
+        return g
 
     # -- settling ----------------------------------------------------------------------------------
 

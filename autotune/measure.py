@@ -57,6 +57,7 @@ drivers: the harness here and the drop-in's stretches)."""
 MAX_WARMUP_BATCHES = 64
 """Cap on warm-up, so many workers with a deep prefetch do not eat the trial."""
 
+
 @dataclass(frozen=True)
 class _Window:
     """What the steady-state window of one trial saw (the figures of a Measurement but memory and
@@ -294,8 +295,6 @@ def map_loader_error(err: BaseException) -> CandidateError | None:
                 " use num_workers=0 or thread workers for data that lives on the GPU"
             )
     return None
-
-
 
 
 class _Epochs:

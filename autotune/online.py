@@ -42,6 +42,21 @@ log = logging.getLogger("autotune")
 STRETCH_MIN_BATCHES = 6
 """Items measured per stretch after its warm-up: enough for a median, cheap on short epochs."""
 
+STRETCH_WINDOW_S = 0.75
+"""Seconds measured per stretch at least (the offline window is 1 s for a minute's budget)..."""
+
+MIN_STRETCH_WINDOW_S = 0.2
+"""...unless the epoch is short: then a window is 1/STRETCHES_PER_EPOCH of the epoch, at least this."""
+
+STRETCHES_PER_EPOCH = 16
+"""Measured stretches one epoch should hold, so that a search fits in an epoch or two."""
+
+MAX_STRETCH_FRACTION = 0.25
+"""A stretch serves at most this share of an epoch, so one epoch compares several candidates."""
+
+UNSIZED_STRETCH = 64
+"""Items a stretch may serve when the epoch has no length (a sampler that never ends)."""
+
 MIN_WAIT_TO_EXPLORE = 0.05
 """Below this share of waiting at the baseline, faster loading cannot pay for trying it (NOTE 2)."""
 

@@ -24,6 +24,7 @@ from .exceptions import ConfigurationError
 
 PRETRANSFORM_CHOICES = ("auto", *pt.STRATEGIES)
 
+
 def check_dataset(dataset: Any, *, allow_empty: bool = False) -> int | None:
     """``len(dataset)`` checked, or ``None`` for an iterable dataset without one. An empty dataset is
     refused unless ``allow_empty`` (the drop-in accepts it, as torch does, and serves nothing)."""

@@ -71,6 +71,7 @@ has converged and stops early, leaving the rest of the budget unspent."""
 MAX_IDLE_PROPOSALS = 40
 """Consecutive proposals that were duplicates or infeasible after which the space counts as explored."""
 
+
 @dataclass(frozen=True)
 class SearchSettings:
     """Everything the search needs besides the dataset, the step and the space."""

@@ -75,6 +75,7 @@ class MeasureLimits:
 _INTERRUPT_SIGNAL = getattr(signal, "SIGUSR2", None)
 _CHILD_SIGNAL = getattr(signal, "SIGCHLD", None)
 
+
 def process_memory(proc: psutil.Process | None = None) -> int:
     """PSS (or RSS where PSS is not reported) of a process and all its children, in bytes."""
     proc = proc or psutil.Process()
@@ -455,7 +456,6 @@ def _worker_death(dead: list[tuple[int, int]]) -> WorkerFailed | None:
         f"DataLoader worker (pid {pid}) {how}: the dataset, or a library it calls, crashed or exited"
         " in a worker process; run it with num_workers=0 to see the error"
     )
-
 
 
 def stop_iterator(it: Any) -> None:

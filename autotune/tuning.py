@@ -30,7 +30,16 @@ from . import profiles
 from .decide import Decision, Ledger, TrialRecord
 from .distributed import reduce_measurements
 from .measure import Measurement
-from .online import Explorer, Outcome
+from .online import (
+    MAX_STRETCH_FRACTION,
+    MIN_STRETCH_WINDOW_S,
+    STRETCH_WINDOW_S,
+    STRETCHES_PER_EPOCH,
+    UNSIZED_STRETCH,
+    Explorer,
+    Outcome,
+    stretch_items,
+)
 from .plan import CUDA_DATA, Plan
 from .result import TuneResult, from_decision, lookup
 from .space import Candidate, SearchSpace
@@ -80,13 +89,14 @@ class Fixed:
             out["pin_memory"] = self.pin_memory
         if self.prefetch_factor is not None:
             out["prefetch_factor"] = self.prefetch_factor
+        if self.persistent_workers is not None:
+            out["persistent_workers"] = self.persistent_workers
         if self.torch_threads is not None or self.leave_threads:
             out["torch_threads"] = self.torch_threads
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.fields().items() if k != "worker_kind"} | (
-            {"persistent_workers": self.persistent_workers} if self.persistent_workers is not None else {})
+        return {k: v for k, v in self.fields().items() if k != "worker_kind"}
 
 
 class Tuning:
@@ -146,6 +156,21 @@ class Tuning:
         if self.explorer is None or self.together:
             return 0.0
         return self.explorer.abandon_below(phase)
+
+    def stretch_length(self, c: Candidate, epoch_items: int | None) -> int:
+        """Items one measured stretch of ``c`` may serve (NOTE [ Epochs and stretches ] in epochs.py):
+        what its measurement needs, at least, and a share of the epoch."""
+        share = int(MAX_STRETCH_FRACTION * epoch_items) if epoch_items else UNSIZED_STRETCH
+        return max(share, stretch_items(c))
+
+    def window_s(self, epoch_items: int | None) -> float:
+        """STRETCH_WINDOW_S, or a 1/STRETCHES_PER_EPOCH share of an epoch at the baseline's rate."""
+        base = self.ledger.by_candidate.get(self.baseline)
+        if not base or not epoch_items or base[0].measurement is None:
+            return STRETCH_WINDOW_S
+        m = base[0].measurement
+        epoch_s = epoch_items * (m.samples / max(1, m.batches)) / max(m.samples_per_s, 1e-9)
+        return min(STRETCH_WINDOW_S, max(MIN_STRETCH_WINDOW_S, epoch_s / STRETCHES_PER_EPOCH))
 
     def record(self, outcome: Outcome) -> None:
         if self.together:
@@ -324,7 +349,6 @@ class Tuning:
         elif rested and self.drifting >= DRIFT_EPOCHS and left >= 2:
             self.pending = (f"the loader at {self.origin} waited {wait:.0%} of an epoch for data, against"
                             f" {self.reference_wait:.0%} when it settled; exploring again")
-
 
     def begin_epoch(self) -> None:
         """Start what a check or a drift asked for, at an epoch boundary."""

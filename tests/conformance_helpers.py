@@ -35,8 +35,11 @@ SEED = 1234
 """The seed of the global RNG and of the generators both loaders get."""
 
 N = 400
-"""Samples in the usual dataset: at 4 per batch, 100 batches, enough for the exploring state to serve
-an epoch in stretches by several candidates (test_exploring_serves_stretches_by_several_candidates)."""
+"""Samples in the usual dataset: at 4 per batch, 100 batches, served in the exploring state in
+stretches by many candidates (test_exploring_serves_stretches_by_several_candidates)."""
+
+SWITCH_EVERY = 7
+"""Items per stretch of the exploring state's stand-in policy (see ``switching``)."""
 
 BATCH = 4
 EPOCHS = 3
@@ -54,27 +57,113 @@ only (NOTE [ Thread workers ] in autotune/threads.py), so no drop-in settles on 
 def make(state: str, dataset: Any, *, torch_threads: Any = "auto", **torch_kwargs: Any) -> Any:
     """A loader over ``dataset`` with the torch arguments ``torch_kwargs``.
 
-    ``"torch"``: ``torch.utils.data.DataLoader``, the oracle. ``"exploring"``: a fresh drop-in with no
-    stored profile, which serves its first epochs in stretches by several candidate configurations
-    (worker processes and thread workers among them). ``"settled-processes"`` and
-    ``"settled-threads"``: a drop-in fixed to two worker processes (kept across epochs) or two thread
-    workers, as one that settled, or found its profile, serves.
+    ``"torch"``: ``torch.utils.data.DataLoader``, the oracle. The drop-in's states are all built as a
+    user builds it, ``autotune.DataLoader(dataset, **torch_kwargs)``, then: ``"exploring"``, served in
+    stretches by several candidates (``switching``); ``"settled-processes"`` and
+    ``"settled-threads"``, settled on two worker processes or two thread workers (``settled``), as a
+    loader does when its search ends or it finds its profile. What the user's arguments fix is
+    kept: workers given are those workers, a stream keeps the workers it was given, and where thread
+    workers cannot serve (a ``worker_init_fn``, workers given, a stream) the threads state settles
+    on what can.
     """
     if state == "torch":
         return tud.DataLoader(dataset, **torch_kwargs)
-    if state == "exploring":
-        return autotune.DataLoader(dataset, cache=False, torch_threads=torch_threads, **torch_kwargs)
-    threads = None if torch_threads == "auto" else torch_threads
-    batch_size = torch_kwargs.get("batch_size", 1) or 1
-    if state == "settled-processes":
-        candidate = autotune.Candidate(batch_size=batch_size, num_workers=2, prefetch_factor=2,
-                                       persistent_workers=True, torch_threads=threads)
-    elif state == "settled-threads":
-        candidate = autotune.Candidate(batch_size=batch_size, num_workers=2, prefetch_factor=2,
-                                       worker_kind="thread", torch_threads=threads)
-    else:
+    if state not in STATES:
         raise ValueError(f"state={state!r} is not one of {('torch', *STATES)}")
-    return autotune.DataLoader.configured(dataset, candidate, **torch_kwargs)
+    loader = autotune.DataLoader(dataset, cache=False, torch_threads=torch_threads, **torch_kwargs)
+    if state == "exploring":
+        return switching(loader)
+    threads = None if torch_threads == "auto" else torch_threads
+    return settled(loader, "thread" if state == "settled-threads" else "process", threads)
+
+
+def _allowed(loader: Any, candidates: list[Any]) -> list[Any]:
+    """The candidates the user's arguments allow, as the drop-in's own search keeps to them."""
+    tuning = loader._tuning
+    fixed = tuning.fixed.fields()
+    stream = tuning.plan.iterable
+    out = []
+    for c in candidates:
+        if any(getattr(c, k) != v for k, v in fixed.items()):
+            continue
+        if c.threaded and (not tuning.threads_allowed or stream):
+            continue
+        if stream and c.num_workers != tuning.baseline.num_workers:
+            continue
+        out.append(c)
+    return list(dict.fromkeys(out))
+
+
+def settled(loader: Any, kind: str, threads: Any) -> Any:
+    """``loader`` settled on two workers of ``kind`` (or, where the arguments fix them, on what
+    they allow), as a stored profile settles it: a stand-in for the search's outcome only."""
+    from dataclasses import replace
+
+    b = replace(loader._tuning.baseline, torch_threads=threads)
+    persistent = loader.worker_init_fn is None  # kept workers would skip worker_init_fn's later calls
+    wanted = [
+        replace(b, num_workers=2, prefetch_factor=2, persistent_workers=False, worker_kind="thread"),
+        replace(b, num_workers=2, prefetch_factor=2, persistent_workers=persistent, worker_kind="process"),
+        replace(b, persistent_workers=persistent and b.num_workers > 0),
+        b,
+    ]
+    if kind == "process":
+        wanted = wanted[1:]
+    c = _allowed(loader, wanted)[0]
+    loader._tuning.settle_from_profile(None, c)
+    loader._settle(c)
+    return loader
+
+
+def switching(loader: Any) -> Any:
+    """``loader`` with a stand-in for its search policy that never settles and switches candidate
+    every SWITCH_EVERY items, round two worker processes, two thread workers, the main process, one
+    worker process and the baseline, of what the user's arguments allow.
+
+    A stand-in for the policy only (which candidate serves which stretch, decided by measurements
+    that vary from run to run): the stretches, their inner loaders, the feed, the hand-overs and the
+    fall-backs are the drop-in's own. It makes every epoch of the exploring state cross several
+    candidates of every kind at fixed points, whatever the machine's load.
+    """
+    from dataclasses import replace
+
+    b = loader._tuning.baseline
+    options = [
+        replace(b, num_workers=2, prefetch_factor=2, persistent_workers=False, worker_kind="process"),
+        replace(b, num_workers=2, prefetch_factor=1, persistent_workers=False, worker_kind="thread"),
+        replace(b, num_workers=0, prefetch_factor=None, persistent_workers=False, worker_kind="process"),
+        replace(b, num_workers=1, prefetch_factor=2, persistent_workers=False, worker_kind="process"),
+        b,
+    ]
+    policy = Switching(_allowed(loader, options))
+    tuning = loader._tuning
+    tuning.next_candidate = policy.next_candidate
+    tuning.stretch_length = policy.stretch_length
+    tuning.end_search_epoch = policy.never
+    tuning.record = policy.ignore
+    return loader
+
+
+class Switching:
+    """The stand-in policy of ``switching``: module-level, so a loader using it still pickles."""
+
+    def __init__(self, candidates: list[Any]) -> None:
+        self.candidates = candidates
+        self.k = 0
+
+    def next_candidate(self) -> Any:
+        c = self.candidates[self.k % len(self.candidates)]
+        self.k += 1
+        return c, "online"
+
+    def stretch_length(self, c: Any, epoch_items: Any) -> int:
+        return SWITCH_EVERY
+
+    def never(self) -> None:
+        return None
+
+    def ignore(self, outcome: Any) -> None:
+        return None
 
 
 def run(state: str, loop: Callable[[Any, torch.Generator | None], Any], dataset: Any, *,

@@ -148,7 +148,7 @@ def test_asking_for_cuda_without_it_is_a_clear_error() -> None:
 
 
 def test_a_cache_over_the_memory_budget_is_refused_with_its_reason(no_leaked_children) -> None:
-    from autotune.measure import process_memory
+    from autotune.supervise import process_memory
     from autotune.workloads import CIFAR10Like, cifar_train_transform
 
     # 8,000 normalised 32x32 RGB images need ~94 MiB as float32: more than the 40 MiB left here.

@@ -155,18 +155,18 @@ def test_a_hang_is_stopped_and_reported() -> None:
 # -- the states are what they say ----------------------------------------------------------------
 
 
-def test_exploring_serves_stretches_by_several_candidates() -> None:
-    """The exploring state of the other tests explores within one epoch of N samples: stretches by
-    worker processes and by thread workers, not just the defaults."""
+def test_exploring_serves_stretches_by_several_candidates(tmp_path: Any) -> None:
+    """The exploring state of the other tests crosses candidates of every kind within one epoch of N
+    samples: reads in the main thread, on other threads, and in two or more worker processes."""
     torch.manual_seed(0)
-    loader = make("exploring", Indexed(), batch_size=BATCH, shuffle=True)
+    loader = make("exploring", RecordsReaders(N, str(tmp_path)), batch_size=BATCH, shuffle=True)
     assert sorted(i for b in loader for i in indices(b)) == list(range(N))
-    tuning = loader.tuning
-    assert tuning is not None
-    tried = {r.candidate for r in tuning.trials}
-    assert len(tried) >= 3, [c.label() for c in tried]
-    assert any(c.num_workers > 0 and c.worker_kind == "process" for c in tried)
-    assert any(c.num_workers > 0 and c.worker_kind == "thread" for c in tried)
+    del loader
+    seen = readers(str(tmp_path))
+    main = os.getpid()
+    assert len(set(seen) - {main}) >= 2, seen.keys()  # worker processes of two stretches or more
+    threads = {t for _, t in seen.get(main, [])}
+    assert threading.main_thread().ident in threads and len(threads) >= 2, threads
 
 
 @pytest.mark.parametrize("settled", ["settled-processes", "settled-threads"])
@@ -260,10 +260,12 @@ def test_len_of_loader_and_iterator(state: str, case: str) -> None:
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_len_of_a_sized_stream(stream_state: str, drop_last: bool) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_len_of_a_sized_stream(stream_state: str, drop_last: bool, workers: int) -> None:
     # torch's len(loader) for an IterableDataset with __len__ is len(dataset) over the batch size.
     expected, got = both(stream_state, _lengths, SizedStream,
-                         kwargs=lambda ds, g: {"batch_size": 7, "drop_last": drop_last})
+                         kwargs=lambda ds, g: {"batch_size": 7, "drop_last": drop_last,
+                                               "num_workers": workers})
     assert_same(expected, got)
 
 
@@ -285,25 +287,29 @@ def test_in_order_false_same_batches_as_a_multiset(state: str, shuffle: bool) ->
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_sharded_stream_same_samples(stream_state: str, drop_last: bool) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sharded_stream_same_samples(stream_state: str, drop_last: bool, workers: int) -> None:
     # 406 samples at 4 per batch: torch drops the last 2 with drop_last; a stream split between
-    # workers would drop each worker's remainder instead, other samples.
+    # workers drops each worker's remainder instead, other samples: the drop-in keeps the workers a
+    # stream was given, so it drops what torch drops.
     def loop(loader: Any, g: Any) -> list[list[int]]:
         return [sorted(i for b in loader for i in indices(b)) for _ in range(EPOCHS)]
 
     expected, got = both(stream_state, loop, lambda: Stream(406),
-                         kwargs=lambda ds, g: {"batch_size": BATCH, "drop_last": drop_last})
+                         kwargs=lambda ds, g: {"batch_size": BATCH, "drop_last": drop_last,
+                                               "num_workers": workers})
     assert_same(expected, got)
 
 
 # The drop-in may say, with an AutotuneWarning of its own, that it will not use workers for such a
 # stream; what it delivers is what this test is about.
 @pytest.mark.filterwarnings("ignore::autotune.AutotuneWarning")
-def test_unsharded_stream_delivered_exactly_as_torch(stream_state: str) -> None:
-    # A stream that ignores get_worker_info() is read whole by every worker: with the arguments
-    # written (no workers) torch delivers it once, in its order, and so must the drop-in.
+@pytest.mark.parametrize("workers", [0, 2])
+def test_unsharded_stream_delivered_exactly_as_torch(stream_state: str, workers: int) -> None:
+    # A stream that ignores get_worker_info() is read whole by every worker: with no workers written
+    # torch delivers it once, with two it delivers it twice, interleaved; so must the drop-in.
     expected, got = both(stream_state, epoch_batches, UnshardedStream,
-                         kwargs=lambda ds, g: {"batch_size": BATCH})
+                         kwargs=lambda ds, g: {"batch_size": BATCH, "num_workers": workers})
     assert_same(expected, got)
 
 

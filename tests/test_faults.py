@@ -630,7 +630,7 @@ def test_sigint_during_a_thread_worker_trial_stops_promptly_and_leaves_no_thread
 
 
 def test_memory_that_grows_in_workers_is_stopped_by_the_guard(clean: Path) -> None:
-    from autotune.measure import process_memory
+    from autotune.supervise import process_memory
 
     budget = process_memory() + 300 * 2**20
     result = tune_loader(LeaksInWorkers(4096), batch_size=16, budget_s=5,
@@ -642,7 +642,7 @@ def test_memory_that_grows_in_workers_is_stopped_by_the_guard(clean: Path) -> No
 
 
 def test_memory_that_grows_everywhere_fails_with_a_clear_reason(clean: Path) -> None:
-    from autotune.measure import process_memory
+    from autotune.supervise import process_memory
 
     budget = process_memory() + 200 * 2**20
     t0 = time.monotonic()

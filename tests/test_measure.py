@@ -19,10 +19,10 @@ from autotune.measure import (
     batch_length,
     build_loader,
     measure,
-    process_memory,
     to_device,
 )
 from autotune.space import Candidate
+from autotune.supervise import process_memory
 from autotune.threads import THREAD_NAME_PREFIX
 
 FAST = MeasureLimits(window_s=0.2, min_batches=3, batch_timeout_s=10, trial_timeout_s=30)
