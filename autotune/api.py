@@ -42,6 +42,7 @@ def tune_loader(
     seed: int = 0,
     progress: bool = True,
     in_order: bool | None = None,
+    baseline: dict[str, Any] | None = None,
 ) -> TuneResult:
     """Find the fastest DataLoader settings for ``dataset`` (and ``step``) on this machine.
 
@@ -72,12 +73,16 @@ def tune_loader(
         in_order: ``None`` searches out-of-order delivery (``in_order=False``: a batch is handed out
             as soon as any worker has one) only with ``shuffle=True``; ``True`` never; ``False``
             searches it even without shuffling.
+        baseline: the DataLoader settings you run now (``{"num_workers": 16}``, say): measured even
+            where they lie outside the search space, and what the speed-up is against; a
+            configuration replaces them only when it wins with confidence (NOTE [ Decisions ] in
+            decide.py). ``None``: PyTorch's defaults.
     """
     plan = make_plan(
         dataset, step, batch_size=batch_size, budget_s=budget_s, device=device, epochs=epochs,
         pretransform=pretransform, max_workers=max_workers, memory_budget_bytes=memory_budget_bytes,
         batch_timeout_s=batch_timeout_s, shuffle=shuffle, collate_fn=collate_fn, seed=seed,
-        in_order=in_order,
+        in_order=in_order, baseline=baseline,
     )
     ctx = plan.dist
     if ctx is not None and not ctx.leader:

@@ -89,6 +89,26 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
+def _loader_settings(text: str) -> dict[str, Any]:
+    """``num_workers=16,pin_memory=True`` as a dict of DataLoader settings (ints, booleans, None)."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not KEY=VALUE; write the settings as num_workers=16,pin_memory=True")
+        value = value.strip()
+        parsed: Any = {"true": True, "false": False, "none": None}.get(value.lower(), value)
+        if isinstance(parsed, str):
+            try:
+                parsed = int(parsed)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"{key.strip()}={value!r}: a value is an integer, True, False or None") from None
+        out[key.strip()] = parsed
+    return out
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -163,6 +183,9 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argume
     search.add_argument("--max-workers", type=_non_negative_int, metavar="N",
                         help="upper bound on num_workers (default: derived from the usable CPUs)")
     search.add_argument("--seed", type=int, default=0, help="seed for the sampler and data (default: 0)")
+    search.add_argument("--baseline", type=_loader_settings, default=None, metavar="K=V[,K=V]",
+                        help="the DataLoader settings you run now, e.g. num_workers=16,pin_memory=True:"
+                        " measured and compared against (default: PyTorch's defaults)")
 
     cache = tune.add_argument_group("profile cache")
     cache.add_argument("--no-cache", action="store_true",
@@ -420,6 +443,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             max_workers=args.max_workers,
             seed=args.seed,
             progress=not args.quiet,
+            baseline=args.baseline,
         )
         if args.plot:
             path = report.plot(result, args.plot)

@@ -35,7 +35,7 @@ import torch
 
 from .decide import FINALISTS, PRUNE_RATIO, Decision, Ledger, Phase, estimate_workers
 from .measure import WARMUP_BATCHES, Measurement
-from .space import Candidate, SearchSpace
+from .space import Candidate, SearchSpace, WorkerKind
 
 log = logging.getLogger("autotune")
 
@@ -261,7 +261,9 @@ class Explorer:
         """The worker count that would keep the step busy, with processes and with threads (NOTE 3)."""
         base = replace(self.space.baseline(), batch_size=self.baseline.batch_size, torch_threads=None)
         out: list[Candidate] = []
-        for kind, n in (("process", self.space.max_workers), ("thread", self.space.max_threads)):
+        kinds: tuple[tuple[WorkerKind, int], ...] = (("process", self.space.max_workers),
+                                                     ("thread", self.space.max_threads))
+        for kind, n in kinds:
             fitting = [w for w in range(1, n + 1)
                        if self.fits(replace(base, num_workers=w, prefetch_factor=2))]
             if fitting:

@@ -6,8 +6,11 @@ import sys
 import time
 from typing import TextIO
 
-BAR_WIDTH = 24
-"""Characters of the bar: the counts, the best and the current trial still fit 100 columns."""
+BAR_WIDTH = 10
+"""Characters of the bar."""
+
+LINE_WIDTH = 100
+"""The line fits this many columns: the current trial's label is shortened to fit."""
 
 
 class Progress:
@@ -35,12 +38,14 @@ class Progress:
         filled = int(round(frac * BAR_WIDTH))
         bar = "#" * filled + "-" * (BAR_WIDTH - filled)
         left = max(0.0, self.budget_s - elapsed)
-        best_txt = f"{best:,.0f} samples/s" if best else "-"
+        best_txt = f"{best:,.0f}/s" if best else "-"
         this = f"{samples_per_s:,.0f}/s" if samples_per_s is not None else state
-        line = (
-            f"autotune [{bar}] {self.trials} trials ({self.not_complete} failed or pruned)  best {best_txt}"
-            f"  {left:4.0f}s left  {phase}: {label} -> {this}"
-        )
+        head = (f"autotune [{bar}] {self.trials} tried, {self.not_complete} failed, best {best_txt},"
+                f" {left:.0f}s left | {phase} ")
+        room = max(12, LINE_WIDTH - len(head) - len(this) - 4)
+        if len(label) > room:
+            label = label[: room - 1] + "~"
+        line = f"{head}{label} -> {this}"
         if self.tty:
             self.stream.write("\r\x1b[2K" + line)
             self._drawn = True

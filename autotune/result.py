@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from . import profiles
 from .decide import Decision, TrialRecord
 from .exceptions import ProfileStoreWarning
-from .space import PRETRANSFORMS, Candidate
+from .space import PRETRANSFORMS, Candidate, Strategy
 
 log = logging.getLogger("autotune")
 
@@ -49,7 +49,7 @@ class TuneResult:
     """
 
     loader_kwargs: dict[str, Any]
-    pretransform: str = "none"
+    pretransform: Strategy = "none"
     torch_threads: int | None = None
     samples_per_s: float = 0.0
     busy: float = 0.0

@@ -13,12 +13,18 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from .exceptions import ConfigurationError
 from .machine import MachineInfo
 
-PRETRANSFORMS = ("none", "ram", "device")
+Strategy = Literal["none", "ram", "device"]
+"""Where the transform's deterministic part runs: per sample, once into RAM, once onto the GPU."""
+
+WorkerKind = Literal["process", "thread"]
+"""Worker processes (torch's DataLoader) or threads in the main process (autotune.threads)."""
+
+PRETRANSFORMS: tuple[Strategy, ...] = ("none", "ram", "device")
 """Where the deterministic part of the transform runs: per sample, once into RAM, once onto the GPU."""
 
 DEFAULT_BATCH_SIZES = (16, 32, 64, 128, 256)
@@ -27,7 +33,7 @@ DEFAULT_BATCH_SIZES = (16, 32, 64, 128, 256)
 BASELINE_BATCH_SIZE = 32
 """The batch size the PyTorch-defaults baseline uses when the batch size is searched, not fixed."""
 
-WORKER_KINDS = ("process", "thread")
+WORKER_KINDS: tuple[WorkerKind, ...] = ("process", "thread")
 """Worker processes (torch's DataLoader) or threads in the main process (autotune.threads)."""
 
 PREFETCH_FACTORS = (1, 2, 4, 8)
@@ -91,9 +97,9 @@ class Candidate:
     pin_memory: bool = False
     prefetch_factor: int | None = None
     persistent_workers: bool = False
-    pretransform: str = "none"
+    pretransform: Strategy = "none"
     torch_threads: int | None = None
-    worker_kind: str = "process"
+    worker_kind: WorkerKind = "process"
     in_order: bool = True
 
     @property
@@ -132,7 +138,7 @@ class Candidate:
 
     @classmethod
     def from_loader_kwargs(
-        cls, kwargs: dict[str, Any], *, pretransform: str = "none", torch_threads: int | None = None
+        cls, kwargs: dict[str, Any], *, pretransform: Strategy = "none", torch_threads: int | None = None
     ) -> Candidate:
         """The candidate whose :meth:`loader_kwargs` are ``kwargs`` (either loader class)."""
         threads = int(kwargs.get("worker_threads", 0) or 0)
@@ -184,7 +190,7 @@ class SearchSpace:
     max_workers: int
     """The most worker processes searched; 0: none (loading stays in the main process or threads)."""
     cuda: bool = False
-    pretransforms: tuple[str, ...] = ("none",)
+    pretransforms: tuple[Strategy, ...] = ("none",)
     prefetch_factors: tuple[int, ...] = PREFETCH_FACTORS
     torch_threads: tuple[int | None, ...] = (None,)
     persistent: bool = True
@@ -217,10 +223,10 @@ class SearchSpace:
                 " in-order delivery is always possible, out-of-order only where it is searched."
             )
 
-    def worker_kinds(self, pretransform: str = "none") -> tuple[str, ...]:
+    def worker_kinds(self, pretransform: str = "none") -> tuple[WorkerKind, ...]:
         """The kinds of workers that exist with ``pretransform`` (worker processes never share the
         ``device`` cache)."""
-        kinds: list[str] = []
+        kinds: list[WorkerKind] = []
         if self.max_workers > 0 and pretransform != "device":
             kinds.append("process")
         if self.max_threads > 0:
@@ -434,7 +440,7 @@ def build_space(
     if max_threads is not None:
         check_bound("max_threads", max_threads)
         threads = min(threads, max_threads)
-    pts = tuple(p for p in PRETRANSFORMS if p in pretransforms)
+    pts: tuple[Strategy, ...] = tuple(p for p in PRETRANSFORMS if p in pretransforms)
     if "device" in pts and not cuda:
         pts = tuple(p for p in pts if p != "device")
     return SearchSpace(

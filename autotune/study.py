@@ -28,7 +28,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import optuna
 import torch
@@ -50,7 +50,7 @@ from .exceptions import CandidateError, ProfileStoreWarning, TrialPruned
 from .measure import Measurement, measure
 from .profiles import mask_url
 from .progress import Progress
-from .space import Candidate, SearchSpace
+from .space import Candidate, SearchSpace, Strategy
 from .supervise import MeasureLimits
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def suggest(trial: optuna.Trial, space: SearchSpace) -> Candidate:
     threads = space.torch_threads[0]
     if len(space.torch_threads) > 1:
         threads = int(trial.suggest_categorical("torch_threads", [int(t or 0) for t in space.torch_threads]))
-    return Candidate(bs, pin_memory=pin, pretransform=pt, torch_threads=threads,
+    return Candidate(bs, pin_memory=pin, pretransform=cast(Strategy, pt), torch_threads=threads,
                      **space.workers(kind, workers, prefetch, in_order))
 
 
@@ -480,8 +480,8 @@ def run_search(dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpa
                      evaluate)
     measured = runner.run(runner.baseline, "baseline").measurement
     for strategy, why in settings.refused.items():
-        runner.record(replace(space.baseline(), pretransform=strategy), "search", "infeasible",
-                      reason=f"pretransform={strategy!r}: {why}")
+        refused = replace(space.baseline(), pretransform=cast(Strategy, strategy))
+        runner.record(refused, "search", "infeasible", reason=f"pretransform={strategy!r}: {why}")
     study_name = _explore(runner, space, settings, measured)
     if not ledger.by_candidate:
         raise ledger.failure(settings.budget_s)

@@ -23,7 +23,7 @@ import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from . import pretransform as pt
 from . import profiles
@@ -41,8 +41,8 @@ from .online import (
     stretch_items,
 )
 from .plan import CUDA_DATA, Plan
-from .result import TuneResult, from_decision, lookup
-from .space import Candidate, SearchSpace
+from .result import TuneResult, from_decision, load_per_cpu, lookup
+from .space import Candidate, SearchSpace, Strategy
 
 log = logging.getLogger("autotune")
 
@@ -64,6 +64,10 @@ DRIFT_EPOCHS = 2
 
 MIN_EPOCHS_BETWEEN_SEARCHES = 3
 """Epochs at least from one search (or check) to the next."""
+
+LOAD_CHANGE = 0.5
+"""A stored choice is measured again when the load per CPU differs by more than this from when it
+was made (half a core's worth of other work per core)."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +196,8 @@ class Tuning:
         self.explorer = Explorer(space, self.baseline, self.ledger, allowed_fields=self.fixed.fields(),
                                  cache_build_s=build_s, start=self.start)
         for strategy, why in refused.items():
-            self.ledger.record(replace(self.baseline, pretransform=strategy), "online", "infeasible",
+            self.ledger.record(replace(self.baseline, pretransform=cast(Strategy, strategy)), "online",
+                               "infeasible",
                                reason=f"pretransform={strategy!r}: {why}")
 
     def _space(self) -> tuple[SearchSpace, dict[str, str]]:
@@ -264,9 +269,22 @@ class Tuning:
         return c
 
     def settle_from_profile(self, result: TuneResult | None, c: Candidate) -> None:
-        """Settled from the start: a stored profile, or a configuration given (``make_loader``)."""
+        """Settled from the start: a stored profile, or a configuration given (``make_loader``).
+
+        A profile chosen under another load than the machine has now is not this machine's truth
+        as it is now: its choice is measured against the baseline again in the first epoch.
+        """
         self.result = result
         self.settled = c
+        now = load_per_cpu()
+        then = result.load_average if result is not None else None
+        if (now is not None and then is not None and abs(now - then) > LOAD_CHANGE
+                and c != self.baseline):
+            self.slow = SLOW_EPOCHS
+            self.last_search_at = -MIN_EPOCHS_BETWEEN_SEARCHES
+            self.pending = (f"the profile for the loader at {self.origin} was chosen at a load of"
+                            f" {then:.2f} per CPU and the load is {now:.2f} now; measuring its choice"
+                            " against the baseline again")
 
     def _result(self, decision: Decision) -> TuneResult:
         trials = tuple(self.history) + tuple(self.ledger.records)
@@ -359,7 +377,9 @@ class Tuning:
         settled, self.settled = self.settled, None
         self.search_epochs = 0
         self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
-        if self.slow >= SLOW_EPOCHS and self.space is not None and settled != self.baseline:
+        if self.slow >= SLOW_EPOCHS and settled != self.baseline:
+            if self.space is None:
+                self.space, _ = self._space()
             self.explorer = Explorer.recheck(self.space, self.baseline, settled, self.ledger)
         else:
             self.explorer = None  # a new search, from the baseline

@@ -736,12 +736,14 @@ def snapshot() -> Snapshot:
 
 def _ours_or_unknown(name: str, ours: set[int]) -> bool:
     """A ``torch_<pid>_`` file made by a live process outside this test's tree is another program's
-    (these machines are shared); any other new file counts."""
+    (these machines are shared). multiprocessing's own semaphores and segments (``sem.mp-``,
+    ``psm_``) carry no owner, and any program on the machine makes them: they are not counted (the
+    drop-in makes none itself; torch's queues make and release them). Any other new file counts."""
     parts = name.split("_")
     if name.startswith("torch_") and len(parts) > 2 and parts[1].isdigit():
         pid = int(parts[1])
         return pid in ours or not psutil.pid_exists(pid)
-    return True
+    return not name.startswith(("sem.mp-", "psm_"))
 
 
 def leftovers(before: Snapshot, settle_s: float = SETTLE_S) -> list[str]:

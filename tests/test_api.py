@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -39,25 +40,66 @@ class FailsWithManyWorkers(Remote):
         return super().__getitem__(i)
 
 
-def test_tuning_finds_workers_for_a_latency_bound_dataset(no_leaked_children) -> None:
-    # Room for the finals after the warm starts even on a busy machine (the phases are asserted).
+def test_a_real_search_measures_the_baseline_searches_and_reports_against_it(no_leaked_children) -> None:
+    # Which configuration wins is a measurement on a shared machine (test_study.py and the stand-in
+    # below decide it on exact figures); here the search runs for real, every phase of it.
     result = tune_loader(Remote(), batch_size=32, budget_s=2 * BUDGET, **QUICK)
     assert isinstance(result, TuneResult)
     assert result.loader_kwargs["batch_size"] == 32
-    # A sleeping worker uses no CPU: one worker alone doubles nothing, several overlap their waits.
-    assert result.loader_kwargs["num_workers"] >= 2
+    assert result.baseline_kwargs == {"batch_size": 32, "num_workers": 0, "pin_memory": False}
+    assert result.speedup is not None and result.decision and result.baseline_samples_per_s
+    assert {"baseline", "search"} <= {t.phase for t in result.trials}
+    assert result.trials[0].phase == "baseline" and result.trials[0].candidate.num_workers == 0
+
+
+class _LatencyStandIn:
+    """A stand-in for ``measure`` (the noise is what the decision rule is about): samples/s of the
+    latency-bound workload, where each worker overlaps another wait, with a fixed 2 % wobble."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, dataset: Any, c: Any, **kwargs: Any) -> Any:
+        from autotune.measure import Measurement
+
+        self.calls += 1
+        sps = 300.0 * (1 + min(c.num_workers, 6)) * (1.02 if self.calls % 2 else 0.98)
+        return Measurement(samples_per_s=sps, busy=0.2, wait_fraction=0.8, step_ms=1.0, wait_ms=4.0,
+                           startup_s=0.0, batches=20, samples=640, window_s=640 / sps,
+                           peak_memory_bytes=0)
+
+
+def test_workers_win_a_latency_bound_search_with_confidence(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.api
+
+    monkeypatch.setattr(autotune.api, "measure", _LatencyStandIn())
+    result = tune_loader(Remote(), batch_size=32, budget_s=2 * BUDGET, **QUICK)
+    assert result.loader_kwargs["num_workers"] >= 2 and not result.kept_baseline
     assert result.speedup is not None and result.speedup > 1.5
-    assert result.samples_per_s > result.baseline_samples_per_s
-    phases = {t.phase for t in result.trials}
-    assert {"baseline", "search", "final"} <= phases
+    assert result.speedup_low is not None and result.speedup_low > 1.0 and result.confidence == 0.95
+    assert {"baseline", "search", "final"} <= {t.phase for t in result.trials}
 
 
-def test_the_budget_is_respected(no_leaked_children) -> None:
-    t0 = time.monotonic()
-    result = tune_loader(Remote(), batch_size=16, budget_s=BUDGET, **QUICK)
-    elapsed = time.monotonic() - t0
-    assert elapsed <= BUDGET * 1.1, elapsed
-    assert result.tuning_s <= BUDGET * 1.1
+def test_the_budget_is_a_ceiling_on_the_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each stand-in measurement takes one second of a clock the test controls: the search must stop
+    # at the budget, whatever the machine's speed.
+    import autotune.api
+    import autotune.study
+
+    clock = [1000.0]
+    stand_in = _LatencyStandIn()
+
+    def measure(*args: Any, **kwargs: Any) -> Any:
+        clock[0] += 1.0
+        return stand_in(*args, **kwargs)
+
+    monkeypatch.setattr(autotune.api, "measure", measure)
+    monkeypatch.setattr(autotune.study.time, "monotonic", lambda: clock[0])
+    started = clock[0]
+    result = tune_loader(Remote(), batch_size=16, budget_s=BUDGET,
+                         **{**QUICK, "max_workers": 8})
+    assert clock[0] - started <= BUDGET + 1.0  # at most the trial that was running at the deadline
+    assert isinstance(result, TuneResult) and stand_in.calls >= 3
 
 
 def test_a_failing_candidate_is_a_failed_trial_and_the_search_goes_on(no_leaked_children) -> None:
@@ -100,7 +142,7 @@ def test_progress_goes_to_stderr(capsys) -> None:
     tune_loader(Remote(128), batch_size=16, budget_s=3, cache=False, max_workers=1, pretransform="none")
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "autotune [" in captured.err and "trials" in captured.err
+    assert "autotune [" in captured.err and "tried" in captured.err
 
 
 class NotADataset:
@@ -162,17 +204,20 @@ def test_a_cache_over_the_memory_budget_is_refused_with_its_reason(no_leaked_chi
     assert result.pretransform == "none"
 
 
-def test_the_cifar_shaped_workload_gets_the_ram_cache(no_leaked_children) -> None:
+def test_the_cifar_shaped_workload_measures_the_ram_cache_and_serves_it(no_leaked_children) -> None:
+    from autotune.space import Candidate
     from autotune.workloads import CIFAR10Like, cifar_train_transform
 
-    # Decoding and normalising per sample costs ~10x the cached path's crop and flip: a wide margin.
+    # Whether the cache wins is a measurement (benchmarks/RESULTS.md); here it is tried and served.
     data = CIFAR10Like(2048, transform=cifar_train_transform())
-    result = tune_loader(data, batch_size=64, budget_s=8, progress=False, cache=False, max_workers=1)
-    assert result.pretransform == "ram"
-    assert result.speedup is not None and result.speedup > 1.5
-    loader = result.make_loader(data, shuffle=True)
+    result = tune_loader(data, batch_size=64, budget_s=12, progress=False, cache=False, max_workers=1)
+    ram = [t for t in result.trials if t.candidate.pretransform == "ram"]
+    assert ram and any(t.state == "complete" and t.measurement and t.measurement.build_s > 0 for t in ram)
+    loader = TuneResult(loader_kwargs=Candidate(64).loader_kwargs(), pretransform="ram").make_loader(
+        data, shuffle=True)
     x, y = next(iter(loader))
     assert x.shape == (64, 3, 32, 32) and y.shape == (64,)
+    loader.close()
 
 
 @pytest.mark.parametrize(
@@ -196,3 +241,19 @@ def test_arguments_are_checked_before_a_stored_profile_answers(kwargs, match) ->
             "max_workers": 1, **kwargs}
     with pytest.raises(ConfigurationError, match=match):
         tune_loader(ds, **call)
+
+
+def test_the_baseline_is_what_the_user_runs_even_outside_the_space(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.api
+
+    # 16 workers on a machine that searches far fewer: still measured, and the speed-up is against it.
+    monkeypatch.setattr(autotune.api, "measure", _LatencyStandIn())
+    result = tune_loader(Remote(), batch_size=32, budget_s=2 * BUDGET, max_workers=2,
+                         baseline={"num_workers": 16}, **QUICK)
+    base = result.trials[0]
+    assert base.phase == "baseline" and base.candidate.num_workers == 16 and base.state == "complete"
+    assert result.baseline_kwargs is not None and result.baseline_kwargs["num_workers"] == 16
+    # The stand-in gives 16 workers the speed of 6: nothing in 0..2 workers beats it, so it is kept.
+    assert result.kept_baseline and result.loader_kwargs["num_workers"] == 16
+    with pytest.raises(ConfigurationError, match=r"baseline has num_workers=-1"):
+        tune_loader(Remote(), batch_size=32, baseline={"num_workers": -1}, **QUICK)

@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("default", "workers=cpus", "rule-of-thumb", "over-provisioned", "tuned", "grid #1")
 
 
-@pytest.mark.slow
 def test_quick_run_measures_every_workload_and_config(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run(

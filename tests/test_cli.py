@@ -379,3 +379,18 @@ def test_python_dash_m_autotune_tune_json(tmp_path: Path) -> None:
     assert data["samples_per_s"] > 0
     assert data["workload"]["len"] == 10_000
     assert "autotune [" in proc.stderr  # progress on stderr
+
+
+def test_the_baseline_is_the_settings_given_and_the_report_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, "tune", "--budget", "15", "--samples", "512", "--max-workers", "2",
+                         "--batch-size", "16", "--baseline",
+                         "num_workers=1,pin_memory=False", "--json", "--quiet", "--no-cache")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["baseline_kwargs"]["num_workers"] == 1
+    assert doc["trials"][0]["phase"] == "baseline" and doc["trials"][0]["candidate"]["num_workers"] == 1
+    assert doc["summary"]["decision"] and "speedup_low" in doc["summary"]
+    code, _, err = run(capsys, "tune", "--baseline", "num_workers=many")
+    assert code == 2 and "num_workers='many': a value is an integer, True, False or None" in err

@@ -46,6 +46,10 @@ from autotune.space import build_space
 from autotune.threads import THREAD_NAME_PREFIX
 
 QUICK: dict[str, Any] = {"progress": False, "pretransform": "none", "max_workers": 2}
+
+COMES_BACK_S = 30.0
+"""What a run may take past its budget here: it must come back (a hang is minutes), not come back on
+time, which a loaded machine blurs; how closely the budget holds is the clock-controlled test's."""
 """Small searches: two workers at most (2 cores here), no pre-transform unless a case needs one."""
 
 SHM = Path("/dev/shm")
@@ -648,7 +652,7 @@ def test_memory_that_grows_everywhere_fails_with_a_clear_reason(clean: Path) -> 
     t0 = time.monotonic()
     with pytest.raises(TuningFailed, match=r"MemoryLimitExceeded: .* over the memory budget of"):
         tune_loader(LeaksEverywhere(), batch_size=8, budget_s=4, memory_budget_bytes=budget, **QUICK)
-    assert time.monotonic() - t0 < 4 * 1.1 + 5
+    assert time.monotonic() - t0 < 4 + COMES_BACK_S
     assert _profiles(clean) == {}
 
 
@@ -713,7 +717,7 @@ def test_a_budget_that_runs_out_inside_a_trial_is_respected(clean: Path) -> None
     with pytest.raises(TuningFailed, match=r"within budget_s=3.*TrialTimeout.*Raise budget_s"):
         tune_loader(Vectors(64, delay_s=0.5), batch_size=8, budget_s=budget, **QUICK)
     elapsed = time.monotonic() - t0
-    assert elapsed < budget * 1.1 + 2.0, elapsed
+    assert elapsed < budget + COMES_BACK_S, elapsed
     assert _profiles(clean) == {}
 
 
@@ -722,7 +726,7 @@ def test_a_budget_that_runs_out_inside_a_slow_search_still_returns_a_result(clea
     t0 = time.monotonic()
     result = tune_loader(Vectors(256, delay_s=0.02), batch_size=8, budget_s=budget, **QUICK)
     elapsed = time.monotonic() - t0
-    assert elapsed < budget * 1.1 + 2.0, elapsed
+    assert elapsed < budget + COMES_BACK_S, elapsed
     assert isinstance(result, TuneResult)
 
 

@@ -1,0 +1,118 @@
+"""A drop-in's tuning across epochs (NOTE [ Settled means proven ] in autotune/tuning.py), driven with
+figures the test chooses: a stand-in for the epochs' measurements, so that when the loader checks
+its choice again, goes back to the baseline or explores again is exact."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from autotune.measure import Measurement
+from autotune.online import Outcome
+from autotune.plan import make_plan
+from autotune.result import TuneResult, load_per_cpu
+from autotune.space import Candidate
+from autotune.tuning import LOAD_CHANGE, MIN_EPOCHS_BETWEEN_SEARCHES, SLOW_EPOCHS, Fixed, Tuning
+
+BASE = Candidate(16)
+WORKERS = Candidate(16, num_workers=2, prefetch_factor=2, persistent_workers=True)
+
+
+class Indexed(Dataset):
+    def __len__(self) -> int:
+        return 640
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.full((2,), float(i)), i
+
+
+def tuning(result: TuneResult | None = None, settled: Candidate = WORKERS) -> Tuning:
+    plan = make_plan(Indexed(), None, batch_size=16, budget_s=None, device="cpu", epochs=20,
+                     pretransform="none", max_workers=None, memory_budget_bytes=None,
+                     batch_timeout_s=None, shuffle=True, collate_fn=None, seed=0, read_samples=False)
+    t = Tuning(plan, Fixed(), BASE, start=None, store_args=None, origin="train.py:1", reads_in_main=True,
+               threads_allowed=True)
+    t.settle_from_profile(result or TuneResult(loader_kwargs=settled.loader_kwargs(),
+                                               baseline_samples_per_s=1000.0), settled)
+    return t
+
+
+def settled_epochs(t: Tuning, n: int, rate: float, wait: float = 0.1) -> None:
+    for _ in range(n):
+        t.end_settled_epoch(int(rate * 10), 10.0, wait * 10.0)
+
+
+def measurement(sps: float) -> Measurement:
+    return Measurement(samples_per_s=sps, busy=0.5, wait_fraction=0.5, step_ms=1.0, wait_ms=1.0,
+                       startup_s=0.0, batches=40, samples=640, window_s=640 / sps, peak_memory_bytes=0)
+
+
+def play(t: Tuning, rates: dict[Candidate, float]) -> None:
+    """Serve the search's stretches with the given rates until it decides."""
+    for _ in range(20):
+        nxt = t.next_candidate()
+        if nxt is None:
+            decision = t.decision_due()
+            assert decision is not None
+            t.settle(decision)
+            return
+        c, phase = nxt
+        t.record(Outcome(c, phase, measurement(rates[c]), samples=640, wall_s=640 / rates[c]))
+    raise AssertionError("no decision")
+
+
+def test_a_settled_choice_slower_than_the_baseline_is_checked_and_dropped() -> None:
+    t = tuning()
+    settled_epochs(t, MIN_EPOCHS_BETWEEN_SEARCHES, rate=1000.0)  # as promised: nothing happens
+    assert t.pending is None
+    settled_epochs(t, SLOW_EPOCHS, rate=700.0)  # 30 % below the baseline's rate, twice
+    assert t.pending is not None and "side by side again" in t.pending
+    t.begin_epoch()
+    assert t.settled is None and t.explorer is not None and t.explorer.phase == "recheck"
+    play(t, {WORKERS: 700.0, BASE: 1000.0})
+    assert t.settled == BASE and t.result is not None and t.result.kept_baseline
+
+
+def test_a_choice_that_still_wins_is_kept_after_its_check() -> None:
+    t = tuning()
+    settled_epochs(t, MIN_EPOCHS_BETWEEN_SEARCHES + SLOW_EPOCHS, rate=700.0)
+    t.begin_epoch()
+    play(t, {WORKERS: 2000.0, BASE: 1000.0})
+    assert t.settled == WORKERS
+
+
+def test_one_slow_epoch_is_not_enough_and_checks_are_spaced() -> None:
+    t = tuning()
+    settled_epochs(t, MIN_EPOCHS_BETWEEN_SEARCHES, rate=1000.0)
+    settled_epochs(t, 1, rate=700.0)
+    settled_epochs(t, 1, rate=1000.0)
+    settled_epochs(t, 1, rate=700.0)
+    assert t.pending is None  # never two slow epochs in a row
+    fresh = tuning()
+    settled_epochs(fresh, SLOW_EPOCHS, rate=700.0)
+    assert fresh.pending is None  # too soon after the search
+
+
+def test_sustained_drift_explores_again_from_the_baseline() -> None:
+    t = tuning(settled=BASE)
+    settled_epochs(t, MIN_EPOCHS_BETWEEN_SEARCHES, rate=1000.0, wait=0.1)
+    settled_epochs(t, 2, rate=1000.0, wait=0.6)
+    assert t.pending is not None and "exploring again" in t.pending
+    t.begin_epoch()
+    assert t.settled is None and t.explorer is None
+    assert t.next_candidate() == (BASE, "baseline")
+
+
+def test_a_profile_chosen_under_another_load_is_checked_in_the_first_epoch() -> None:
+    now = load_per_cpu()
+    assert now is not None
+    stale = TuneResult(loader_kwargs=WORKERS.loader_kwargs(), baseline_samples_per_s=1000.0,
+                       load_average=now + LOAD_CHANGE + 1.0)
+    t = tuning(stale)
+    assert t.pending is not None and "load" in t.pending
+    t.begin_epoch()
+    assert t.explorer is not None and t.explorer.phase == "recheck"
+    same = TuneResult(loader_kwargs=WORKERS.loader_kwargs(), baseline_samples_per_s=1000.0, load_average=now)
+    assert tuning(same).pending is None
+
+
