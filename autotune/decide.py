@@ -23,7 +23,8 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    the spread of the repeats themselves (the pooled variance of each candidate's measurements around
 #    its own mean: the search measures it, it is not assumed). The one-sided lower bound of the ratio
 #    at CONFIDENCE must be above 1; otherwise the baseline is kept. Without repeats there is no noise
-#    estimate and no confident win. The interval is reported with the speed-up.
+#    estimate and no confident win. The interval is reported with the speed-up: its two one-sided
+#    CONFIDENCE bounds, together a two-sided interval of 2 * CONFIDENCE - 1 (90 %).
 # 4. Finalists are the best FINALISTS by median score (an out-of-order leader with its in-order twin)
 #    and the baseline, re-measured in interleaved rounds so that a slow drift of a shared machine hits
 #    them alike.
@@ -68,6 +69,12 @@ _T95 = ((1, 6.314), (2, 2.920), (3, 2.353), (4, 2.132), (5, 2.015), (6, 1.943), 
 """One-sided 95 % quantiles of Student's t by degrees of freedom (standard tables); 1.645 beyond."""
 
 _OOM_MARKERS = ("out of memory", "CUDA error: out of memory", "DefaultCPUAllocator: can't allocate")
+
+
+def interval_label(confidence: float) -> str:
+    """How the bounds read together: each is one-sided at ``confidence``, so the two make a
+    two-sided interval of 2 * confidence - 1 (95 % one-sided bounds: a 90 % interval)."""
+    return f"{2 * confidence - 1:.0%} interval"
 
 
 def t_quantile(df: int) -> float:
@@ -199,7 +206,7 @@ class Verdict:
     def describe(self) -> str:
         if self.degrees_of_freedom < 1:
             return f"{self.ratio:.2f}x, measured once (no repeat to tell it from noise)"
-        return f"{self.ratio:.2f}x ({self.confidence:.0%} interval {self.low:.2f}-{self.high:.2f}x)"
+        return f"{self.ratio:.2f}x ({interval_label(self.confidence)} {self.low:.2f}-{self.high:.2f}x)"
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "wins": self.wins}

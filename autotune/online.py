@@ -147,6 +147,8 @@ class Explorer:
     def allowed(self, c: Candidate) -> bool:
         if c in self.ledger.tried() or self.space.check(c) is not None or not self.fits(c):
             return False
+        if replace(c, persistent_workers=self.baseline.persistent_workers) == self.baseline:
+            return False  # the baseline itself: keeping workers alive changes nothing in a stretch
         return all(getattr(c, k) == v for k, v in self.allowed_fields.items())
 
     def fits(self, c: Candidate) -> bool:

@@ -155,12 +155,13 @@ def measurements_of_best(result: TuneResult) -> int:
 
 def baseline_text(result: TuneResult) -> str:
     """What the speed-up is against: the user's settings, or PyTorch's defaults."""
-    kwargs = {k: v for k, v in (result.baseline_kwargs or {}).items() if k != "batch_size"}
-    defaults = {"num_workers": 0, "pin_memory": False}
-    if not kwargs or kwargs == defaults:
+    defaults = {"num_workers": 0, "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False,
+                "in_order": True}
+    kwargs = {k: v for k, v in (result.baseline_kwargs or {}).items()
+              if k != "batch_size" and defaults.get(k, object()) != v}
+    if not kwargs:
         return "PyTorch's defaults"
-    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if defaults.get(k, object()) != v)
-    return f"your settings ({shown})"
+    return "your settings (" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
 
 
 def summary(result: TuneResult) -> dict[str, Any]:

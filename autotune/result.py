@@ -19,7 +19,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from . import profiles
-from .decide import Decision, TrialRecord
+from .decide import Decision, TrialRecord, interval_label
 from .exceptions import ProfileStoreWarning
 from .space import PRETRANSFORMS, Candidate, Strategy
 
@@ -40,8 +40,8 @@ class TuneResult:
     measurements. The baseline is what the user runs (their settings, or PyTorch's defaults where
     they wrote none; ``baseline_kwargs``), measured in the same run. ``speedup`` is how much faster a
     training run of ``epochs`` epochs goes than with the baseline, start-up and any pre-transform
-    build included (NOTE [ Score ] in decide.py), and ``speedup_low``..``speedup_high`` its interval
-    at ``confidence`` (NOTE [ Decisions ]); ``throughput_speedup`` is the ratio of steady-state
+    build included (NOTE [ Score ] in decide.py), and ``speedup_low`` and ``speedup_high`` its bounds,
+    each one-sided at ``confidence`` (NOTE [ Decisions ]); ``throughput_speedup`` is the ratio of steady-state
     samples/s alone. A configuration replaces the baseline only when the whole interval is above 1:
     otherwise the result *is* the baseline, and ``decision`` says why. ``torch_threads`` is the
     main-process thread count the winner was measured with (``None``: leave it as it is).
@@ -134,12 +134,12 @@ class TuneResult:
         )
 
     def speedup_text(self) -> str | None:
-        """``1.42x (95 % interval 1.31-1.55x)``, or ``None`` without a baseline."""
+        """``1.42x (90% interval 1.31-1.55x)``, or ``None`` without a baseline."""
         if self.speedup is None:
             return None
         if self.speedup_low is None or self.speedup_high is None or not math.isfinite(self.speedup_high):
             return f"{self.speedup:.2f}x (no interval: too few repeated measurements)"
-        return (f"{self.speedup:.2f}x ({self.confidence or 0:.0%} interval"
+        return (f"{self.speedup:.2f}x ({interval_label(self.confidence or 0.95)}"
                 f" {self.speedup_low:.2f}-{self.speedup_high:.2f}x)")
 
     def to_dict(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 import psutil
 import torch
 import torch.utils.data as tud
+from shm_owners import others
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
 import autotune
@@ -39,7 +40,11 @@ N = 400
 stretches by many candidates (test_exploring_serves_stretches_by_several_candidates)."""
 
 SWITCH_EVERY = 7
-"""Items per stretch of the exploring state's stand-in policy (see ``switching``)."""
+"""Items per stretch of the exploring state's stand-in policy (see ``switching``)..."""
+
+SPAWN_SWITCH_EVERY = 34
+"""...with workers started by ``spawn`` or ``forkserver``, which import torch anew in every worker:
+three switches an epoch, not fourteen, so a loaded machine still runs the test in its time limit."""
 
 BATCH = 4
 EPOCHS = 3
@@ -135,7 +140,10 @@ def switching(loader: Any) -> Any:
         replace(b, num_workers=1, prefetch_factor=2, persistent_workers=False, worker_kind="process"),
         b,
     ]
-    policy = Switching(_allowed(loader, options))
+    context = loader.multiprocessing_context
+    method = context if isinstance(context, str) else getattr(context, "get_start_method", lambda: "fork")()
+    policy = Switching(_allowed(loader, options),
+                       SPAWN_SWITCH_EVERY if method in ("spawn", "forkserver") else SWITCH_EVERY)
     tuning = loader._tuning
     tuning.next_candidate = policy.next_candidate
     tuning.stretch_length = policy.stretch_length
@@ -147,8 +155,9 @@ def switching(loader: Any) -> Any:
 class Switching:
     """The stand-in policy of ``switching``: module-level, so a loader using it still pickles."""
 
-    def __init__(self, candidates: list[Any]) -> None:
+    def __init__(self, candidates: list[Any], every: int) -> None:
         self.candidates = candidates
+        self.every = every
         self.k = 0
 
     def next_candidate(self) -> Any:
@@ -157,7 +166,7 @@ class Switching:
         return c, "online"
 
     def stretch_length(self, c: Any, epoch_items: Any) -> int:
-        return SWITCH_EVERY
+        return self.every
 
     def never(self) -> None:
         return None
@@ -734,16 +743,9 @@ def snapshot() -> Snapshot:
     return Snapshot(frozenset(live_children()), frozenset(threading.enumerate()), shm_files())
 
 
-def _ours_or_unknown(name: str, ours: set[int]) -> bool:
-    """A ``torch_<pid>_`` file made by a live process outside this test's tree is another program's
-    (these machines are shared). multiprocessing's own semaphores and segments (``sem.mp-``,
-    ``psm_``) carry no owner, and any program on the machine makes them: they are not counted (the
-    drop-in makes none itself; torch's queues make and release them). Any other new file counts."""
-    parts = name.split("_")
-    if name.startswith("torch_") and len(parts) > 2 and parts[1].isdigit():
-        pid = int(parts[1])
-        return pid in ours or not psutil.pid_exists(pid)
-    return not name.startswith(("sem.mp-", "psm_"))
+def _ours_or_unknown(names: set[str]) -> list[str]:
+    """The new files that are not another program's (these machines are shared: ``shm_owners``)."""
+    return sorted(names - others(sorted(names)))
 
 
 def leftovers(before: Snapshot, settle_s: float = SETTLE_S) -> list[str]:
@@ -755,8 +757,7 @@ def leftovers(before: Snapshot, settle_s: float = SETTLE_S) -> list[str]:
         children = {pid: p for pid, p in live_children().items()
                     if pid not in before.children and not _process_wide_helper(p)}
         threads = [t for t in threading.enumerate() if t not in before.threads and t.is_alive()]
-        ours = {os.getpid(), *live_children()}
-        shm = sorted(n for n in shm_files() - before.shm if _ours_or_unknown(n, ours))
+        shm = _ours_or_unknown(set(shm_files() - before.shm))
         if not (children or threads or shm) or time.monotonic() > deadline:
             break
         time.sleep(0.1)

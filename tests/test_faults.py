@@ -28,6 +28,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shm_owners import others
 from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
 
 from autotune import (
@@ -251,8 +252,8 @@ def _shm_entries() -> set[str]:
 def _leaked_shm(before: set[str]) -> list[str]:
     """Entries of /dev/shm created since ``before`` and still there.
 
-    Other processes on this machine may create segments meanwhile; an entry that names the pid of a
-    live process other than this one (``torch_<pid>_...``) is theirs and not counted.
+    Other processes on this machine may create segments meanwhile: what they own is not counted
+    (``shm_owners.others``).
     """
     new = _shm_entries() - before
     if new:
@@ -260,25 +261,7 @@ def _leaked_shm(before: set[str]) -> list[str]:
         # into place): only what is still there a moment later counts.
         time.sleep(0.5)
         new &= _shm_entries()
-    leaked = []
-    for name in sorted(new):
-        parts = name.split("_")
-        if name.startswith("torch_") and len(parts) > 1 and parts[1].isdigit():
-            pid = int(parts[1])
-            if pid != os.getpid() and _alive(pid):
-                continue
-        leaked.append(name)
-    return leaked
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return sorted(new - others(sorted(new)))
 
 
 def _temp_files(cache: Path) -> list[Path]:

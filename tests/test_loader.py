@@ -232,7 +232,7 @@ def test_the_profile_is_written_then_reused_without_exploring() -> None:
     ("kwargs", "match"),
     [
         ({"num_workers": "many"}, r"num_workers='many' is not a setting"),
-        ({"prefetch_factor": 0}, r"prefetch_factor=0 must be a positive integer"),
+        ({"num_workers": 2, "prefetch_factor": 0}, r"prefetch_factor=0 must be a positive integer"),
         ({"torch_threads": 0}, r"torch_threads=0 must be a positive integer"),
         ({"pretransform": "disk"}, r"pretransform='disk' is not a pre-transform strategy"),
         ({"epochs": 0}, r"epochs=0 must be a positive integer"),

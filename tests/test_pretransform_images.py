@@ -185,7 +185,16 @@ class VaryingTensors(Dataset[Any]):
         return self.transform(img) if self.transform is not None else img
 
 
-def test_decoded_in_memory_images_are_cached_when_decoding_is_the_cost() -> None:
+def test_decoded_in_memory_images_are_cached_when_decoding_is_the_cost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Whether decoding is the cost is timed (the least of three timings); a loaded machine can tip
+    # any threshold, so the thresholds are set where these JPEGs always pass them: the subject here
+    # is the decoded cache itself, exactly the dataset's samples.
+    from autotune.pretransform import sources
+
+    monkeypatch.setattr(sources, "MIN_DECODE_S", 0.0)
+    monkeypatch.setattr(sources, "MIN_DECODE_SHARE", 0.0)
     ds = EncodedPhotos(40, transform=T.Compose([T.RandomResizedCrop(32), T.ToTensor()]))
     prepared = pt.prepare(ds, "ram", device=CPU)
     assert prepared.detail.startswith("cached: decoded samples")

@@ -152,7 +152,7 @@ def test_the_summary_says_how_to_apply_threads_pretransform_and_where_it_came_fr
     text = report.summary_text(result)
     assert "torch.set_num_threads(1)" in text
     assert "result.make_loader(dataset" in text and "pretransform='ram'" in text
-    assert "2.49x (95% interval 2.31-2.68x) over PyTorch's defaults for" in text
+    assert "2.49x (90% interval 2.31-2.68x) over PyTorch's defaults for" in text
     assert "baseline: 1,025 samples/s" in text and "Decision:    bs=64 w=2" in text
     assert "spread 4%" in text and "median of 2 measurements" in text
     assert result.diagnosis() in text
