@@ -69,9 +69,9 @@ from autotune import pretransform as pt  # noqa: E402
 from autotune import workloads as wl  # noqa: E402
 from autotune.decide import score  # noqa: E402
 from autotune.exceptions import CandidateError, TuningFailed  # noqa: E402
-from autotune.machine import detect_machine  # noqa: E402
 from autotune.measure import MeasureLimits, measure  # noqa: E402
 from autotune.space import Candidate  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from benchmarks.hog import cpu_hog  # noqa: E402
 from benchmarks.suite import rotated  # noqa: E402
 
@@ -205,7 +205,8 @@ def build(name: str, epoch_s: float, s: Settings) -> Built:
         def make() -> Any:
             return wl.get_workload(name, n=n).dataset
 
-        return Built(name, make, step, probe.batch_size, n, probe.description.split(";")[0], tmp)
+        return Built(name, make, step, probe.batch_size, n,
+                     wl.get_workload(name, n=n).description.split(";")[0], tmp)
     if name == "no-gain":
         step = no_gain_step()
         n = size(no_gain_dataset(512), step, 64)
@@ -389,12 +390,12 @@ def run_mode(b: Built, s: Settings, mode: str) -> dict[str, Any]:
     print(f"  {mode}", file=sys.stderr, flush=True)
     pool = [Candidate(b.batch_size)]
     with cpu_hog(enabled=mode == "loaded") as hog:
-        load_start = [round(x, 2) for x in os.getloadavg()]
+        load_start = harness.load_average()
         repeats = []
         for r in range(s.repeats):
             print(f"   repeat {r + 1}/{s.repeats}", file=sys.stderr, flush=True)
             repeats.append(Repeat(b, s, pool).run(forward=r % 2 == 0))
-        load_end = [round(x, 2) for x in os.getloadavg()]
+        load_end = harness.load_average()
     return {"mode": mode, "hog": hog, "load_start": load_start, "load_end": load_end, "repeats": repeats,
             **summarise(repeats, mode)}
 
@@ -419,8 +420,8 @@ exploration and `tune_loader`'s budget too), for five runs: the **user's setting
 script wrote it: PyTorch's defaults for these workloads), the **drop-in** `autotune.DataLoader` with an
 empty profile store, **tune+train** (`tune_loader` then `make_loader`), the **oracle** (the best
 configuration any run chose, or the defaults, ranked by interleaved measurements and fixed from the
-start) and the drop-in's **second run** from its stored profile. Each mode runs the five
-`repeats` times; the user's settings run beside the drop-in and the oracle beside the second run,
+start) and the drop-in's **second run** from its stored profile. Every mode has {repeats} repeat(s) of
+the five runs; the user's settings run beside the drop-in and the oracle beside the second run,
 in an order that flips every repeat. Ratios are taken within a repeat: the tables give their median
 over the repeats and, in brackets, their range (min-max) as the spread. **loaded**: one other process
 keeps one core busy for the whole mode (its CPU seconds are recorded below). See NOTE
@@ -428,7 +429,14 @@ keeps one core busy for the whole mode (its CPU seconds are recorded below). See
 
 Targets (on the medians): drop-in <= 1.02x the user's settings in every workload and mode, first run
 and its exploration included; drop-in <= 1.05x the oracle on the quiet machine; second run <= 1.02x
-the oracle."""
+the oracle.
+
+Workloads: `cifar10-like`, `latency`, `tensor` (the suite's), `imagefolder-jpeg` (a folder of JPEGs),
+`photos-crop-48` (photos of 120-320 px with a random crop), **no-gain** (3x32x32 tensors already in
+memory and a step-heavy CNN: nothing to load, so no loader setting can beat PyTorch's defaults and the
+drop-in must cost nothing), and `cifar10-like` with 2.5 s epochs, where no tuner can amortise its
+exploration. Each dataset is sized so that an epoch at the user's settings takes at least
+{min_epoch_s:g} s on the quiet machine; the loaded mode runs the same dataset."""
 
 
 def _ratio_cell(r: dict[str, float], repeats: int) -> str:
@@ -448,7 +456,7 @@ def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lines += [
         f"Run on {meta['date']} with `{meta['command']}` ({meta['total_s'] / 60:.1f} min in all).", "",
         f"Machine: {meta['machine']}. Load average (1, 5, 15 min) at the start: {meta['load']}.", "",
-        METHOD, "",
+        METHOD.format(repeats=meta["repeats"], min_epoch_s=meta["min_epoch_s"]), "",
         "| workload | mode | samples | epoch at user's | user's settings | drop-in | tune+train | oracle |"
         " second run | drop-in / user's | drop-in / oracle | second run / oracle | drop-in chose | oracle |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
@@ -528,16 +536,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.no_short = args.no_short or args.quick
-    for name in ("epochs", "repeats"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name}={getattr(args, name)} must be at least 1")
+    harness.require_positive(p, args, "epochs", "repeats")
     return args
+
+
+def out_folder(args: argparse.Namespace) -> Path:
+    return harness.out_folder(args, QUICK_OUT_PREFIX)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    out = args.out or (Path(tempfile.mkdtemp(prefix=QUICK_OUT_PREFIX)) if args.quick
-                       else Path(__file__).resolve().parent)
+    out = out_folder(args)
     settings = Settings(args.epochs, args.budget, args.repeats)
     if args.quick:
         settings = Settings(args.epochs, args.budget, args.repeats, oracle_rounds=1, oracle_window_s=0.3,
@@ -545,17 +554,15 @@ def main(argv: list[str] | None = None) -> int:
     names = args.workload or list(WORKLOADS)
     modes = args.mode or list(MODES)
     started = time.time()
-    machine = detect_machine()
     meta: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": shlex.join(["python", "benchmarks/training.py",
                                *(argv if argv is not None else sys.argv[1:])]),
         "quick": args.quick,
-        "machine": (f"{machine.usable_cpus} usable CPUs of a {machine.cpu_model},"
-                    f" {machine.ram_total_bytes / 2**30:.1f} GiB RAM, accelerator {machine.accelerator},"
-                    f" torch {machine.torch_version}"),
+        "machine": harness.describe_machine(),
         "load": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
         "epochs": settings.epochs, "repeats": settings.repeats, "modes": modes,
+        "min_epoch_s": args.min_epoch_s,
     }
     results = []
     for name in names:
