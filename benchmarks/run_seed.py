@@ -1,6 +1,11 @@
-"""``autotune run`` on the seed's training script, then its recommendation pasted in, side by side.
+"""``autotune run`` benchmarks: the seed's script and its recommendation pasted in, the speed-up the
+report claims checked by an independent measurement, and the command's overhead.
 
-    python benchmarks/run_seed.py [--samples 2048] [--epochs 2] [--rounds 3] [--quick]
+    python benchmarks/run_seed.py [--samples 2048] [--epochs 2] [--rounds 3] [--check-samples 4096]
+                                  [--check-rounds 5] [--part seed|speedup|overhead ...] [--quick] [--out DIR]
+
+Writes ``benchmarks/RUN.md`` and ``benchmarks/run.json`` (``--out`` elsewhere; ``--quick`` writes to a
+temporary folder unless ``--out`` is given).
 
 NOTE [ The seed benchmark ]
 1. A plain training script of the CIFAR-10-shaped workload (``autotune.workloads``: CIFAR10Like with
@@ -16,6 +21,24 @@ NOTE [ The seed benchmark ]
 4. The command's overhead: ``python noop.py`` against ``python -m autotune run noop.py``, interleaved,
    for a script that builds no loader and imports torch (as any script with a DataLoader does), and
    for one that imports nothing (where the overhead is mostly torch's own import).
+
+NOTE [ The reported speed-up, checked ]
+1. The same training script with ``DataLoader(dataset, batch_size=16, shuffle=True, num_workers=W)``
+   written in it, for W = 16 (the default of a widely used image-classification script: more worker
+   processes than a small machine has cores, outside the search space) and W = 0 (torch's default).
+2. ``autotune run --json`` on it, unmodified, in a fresh profile folder. The report's speed-up is
+   against the script's own setting, over the ``epochs`` the drop-in assumes (start-up and any cache
+   build included: NOTE [ Score ] in autotune/decide.py), with its interval (``speedup_low`` and
+   ``speedup_high``, NOTE [ Decisions ]).
+3. Independently of the report's own measurements: the script as written and the same script with
+   its loader replaced by ``autotune.DataLoader.configured(dataset, candidate=<the configuration the
+   report chose>)``, which serves exactly that configuration (thread workers, a cache and the torch
+   thread count included) and explores nothing, each as a fresh ``python`` process training that
+   many ``epochs``, in interleaved rounds (the order alternates). The ratio of their throughputs per
+   round, and its interval: NOTE [ Paired ratio interval ] in benchmarks/stats.py, at the report's
+   confidence. When the report kept the script's own settings, the two are the same configuration
+   and the check measures the noise around 1.
+4. Target: the reported speed-up lies within the independent interval.
 """
 
 from __future__ import annotations
@@ -23,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -34,10 +58,15 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autotune.result import DEFAULT_EPOCHS as DROPIN_EPOCHS  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from benchmarks.output import write_json  # noqa: E402
+from benchmarks.stats import paired_interval, spread  # noqa: E402
+from benchmarks.suite import rotated  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS_DIR = Path(__file__).resolve().parent
+QUICK_OUT_PREFIX = "autotune-run-seed-"
+"""Prefix of the temporary folder a ``--quick`` run writes to when ``--out`` is not given."""
 
 SEED_SETTING = "num_workers=20"
 """The seed's setting, written in the script beside ``batch_size=16, shuffle=True``."""
@@ -60,11 +89,35 @@ TUNE_EPOCHS = 3
 DEFAULT_ROUNDS = 3
 """Interleaved rounds of the two scripts: the median of three shrugs off one disturbed run."""
 
+QUICK_SAMPLES = 256
+"""``--quick``: 16 batches an epoch; too few to measure a baseline of many workers, which the report
+then says."""
+
 DEFAULT_OVERHEAD_RUNS = 5
 """Runs of each no-loader command for the overhead's median."""
 
-RUN_TIMEOUT_S = 600
-"""One script run takes well under a minute here; this only stops a hung one."""
+RUN_TIMEOUT_S = 900
+"""One script run takes a few minutes at most here; this only stops a hung one."""
+
+CHECK_WORKERS = (16, 0)
+"""The settings the speed-up check's scripts write (NOTE [ The reported speed-up, checked ] 1)."""
+
+CHECK_BATCH_SIZE = 16
+"""The check's scripts' batch size, as the seed's."""
+
+DEFAULT_CHECK_SAMPLES = 4096
+"""256 batches an epoch: a baseline of 16 worker processes needs 73 batches of an epoch before its
+first measured window (autotune.online.stretch_items), and the search needs room after it."""
+
+CHECK_TUNE_EPOCHS = 4
+"""Epochs of the check's ``autotune run``: the search takes two at most, then it serves settled."""
+
+DEFAULT_CHECK_ROUNDS = 5
+"""Interleaved rounds of the independent measurement: four degrees of freedom for its interval."""
+
+PARTS = ("seed", "speedup", "overhead")
+"""The benchmark's parts: NOTE [ The seed benchmark ] 1-3, NOTE [ The reported speed-up, checked ],
+NOTE [ The seed benchmark ] 4."""
 
 SCRIPT = '''\
 """The seed's training script: CIFAR-10-shaped images, the training transform, a small CNN."""
@@ -80,7 +133,7 @@ from torch.utils.data import DataLoader
 samples, epochs = int(sys.argv[1]), int(sys.argv[2])
 torch.manual_seed(0)
 {threads}dataset = CIFAR10Like(samples, seed=0, transform=cifar_train_transform())
-loader = {loader}(dataset, batch_size=16, shuffle=True{settings})
+loader = {loader}(dataset, batch_size={batch_size}, shuffle=True{settings})
 step = make_train_step(SmallCNN(), device="cpu")
 start, seen = time.perf_counter(), 0
 for epoch in range(epochs):
@@ -119,14 +172,11 @@ def _throughput(done: subprocess.CompletedProcess[str], what: str) -> float:
     return float(line["samples"]) / float(line["seconds"])
 
 
-def _spread(values: list[float]) -> float:
-    return (max(values) - min(values)) / statistics.median(values) if values else 0.0
-
-
 def _script(settings: str, *, threads: int | None = None, loader: str = "DataLoader",
-            imports: str = "") -> str:
+            imports: str = "", batch_size: int = 16) -> str:
     return SCRIPT.format(settings=f", {settings}" if settings else "", loader=loader, imports=imports,
-                         threads=f"torch.set_num_threads({threads})\n" if threads is not None else "")
+                         threads=f"torch.set_num_threads({threads})\n" if threads is not None else "",
+                         batch_size=batch_size)
 
 
 def _kwargs(kwargs: dict[str, Any]) -> str:
@@ -135,8 +185,11 @@ def _kwargs(kwargs: dict[str, Any]) -> str:
 
 def pastes(loader: dict[str, Any]) -> dict[str, tuple[str, str]]:
     """What the report says to paste, as (the changed lines, the script): the lines for torch's
-    DataLoader, and, when thread workers or a cache won, the report's first suggestion too."""
-    out = {}
+    DataLoader, and, when thread workers or a cache won, the report's first suggestion too; nothing
+    when the report recommends nothing (the loader could not be measured)."""
+    out: dict[str, tuple[str, str]] = {}
+    if "plain_kwargs" not in loader:
+        return out
     plain, threads = loader["plain_kwargs"], loader.get("plain_torch_threads")
     line = f"DataLoader(dataset, batch_size=16, shuffle=True, {_kwargs(plain)})"
     line = f"torch.set_num_threads({threads}); {line}" if threads is not None else line
@@ -157,21 +210,24 @@ def pastes(loader: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def tune(work: Path, *, samples: int, epochs: int) -> dict[str, Any]:
-    """``autotune run --json`` on the seed script in a fresh profile folder (NOTE 2)."""
-    script = work / "seed_train.py"
-    script.write_text(_script(SEED_SETTING))
-    report = work / "autotune-run.json"
+def tune(work: Path, *, samples: int, epochs: int, settings: str = SEED_SETTING,
+         batch_size: int = 16, name: str = "seed_train.py") -> dict[str, Any]:
+    """``autotune run --json`` on the script with ``settings`` in a fresh profile folder (NOTE 2)."""
+    script = work / name
+    script.write_text(_script(settings, batch_size=batch_size))
+    report = work / f"{script.stem}-autotune-run.json"
     done, wall = _run([sys.executable, "-m", "autotune", "run", "--json", str(report), str(script),
-                       str(samples), str(epochs)], cwd=work, env=_env(work / "cache"))
+                       str(samples), str(epochs)], cwd=work, env=_env(work / f"cache-{script.stem}"))
     if done.returncode != 0:
         raise RuntimeError(f"autotune run exited with {done.returncode}:\n{done.stderr[-3000:]}")
     doc = json.loads(report.read_text())
     (loader,) = doc["loaders"]
     first = done.stderr.find("autotune: ")  # what autotune wrote: its progress lines, then the report
     report_text = done.stderr[first:] if first >= 0 else done.stderr
+    tuning = loader.get("tuning", {})
     return {
-        "command": f"autotune run --json autotune-run.json seed_train.py {samples} {epochs}",
+        "command": f"autotune run --json {report.name} {name} {samples} {epochs}",
+        "cache": str(work / f"cache-{script.stem}"),
         "wall_s": wall,
         "throughput_under_run": _throughput(done, "autotune run"),
         "status": loader["status"],
@@ -179,12 +235,20 @@ def tune(work: Path, *, samples: int, epochs: int) -> dict[str, Any]:
         "best_label": loader.get("best_label"),
         "plain_kwargs": loader.get("plain_kwargs"),
         "torch_threads": loader.get("torch_threads"),
-        "reported_speedup_over_defaults": loader.get("throughput_speedup"),
-        "reported_speedup_over_script": loader.get("speedup_over_script"),
-        "trials": len(loader.get("tuning", {}).get("trials", [])),
+        "baseline_kwargs": loader.get("baseline_kwargs"),
+        "reported_speedup": loader.get("speedup"),
+        "reported_speedup_low": loader.get("speedup_low"),
+        "reported_speedup_high": loader.get("speedup_high"),
+        "reported_confidence": loader.get("confidence"),
+        "reported_throughput_speedup": loader.get("throughput_speedup"),
+        "kept_baseline": loader.get("kept_baseline"),
+        "decision": loader.get("decision"),
+        "epochs": tuning.get("epochs"),
+        "load_average_per_cpu": tuning.get("load_average"),
+        "trials": len(tuning.get("trials", [])),
         "report": report_text.strip("\n"),
         "loader": {k: v for k, v in loader.items() if k != "tuning"},
-        "trial_table": [_trial_row(t) for t in loader.get("tuning", {}).get("trials", [])],
+        "trial_table": [_trial_row(t) for t in tuning.get("trials", [])],
     }
 
 
@@ -205,11 +269,11 @@ def compare(work: Path, tuned: dict[str, Any], *, samples: int, epochs: int, rou
     for i, (name, (_, text)) in enumerate(variants.items()):
         scripts[name] = work / f"variant_{i}.py"
         scripts[name].write_text(text)
-    env = _env(work / "cache")  # the profile autotune run stored, for autotune.DataLoader
+    env = _env(Path(tuned["cache"]))  # the profile autotune run stored, for autotune.DataLoader
     per: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in rotated(names, r):
             done, _ = _run([sys.executable, str(scripts[name]), str(samples), str(epochs)], cwd=work, env=env)
             per[name].append(_throughput(done, f"the {name} script"))
             log(f"round {r + 1}/{rounds}: {name} {per[name][-1]:,.0f} samples/s")
@@ -217,11 +281,67 @@ def compare(work: Path, tuned: dict[str, Any], *, samples: int, epochs: int, rou
     rows = {}
     for name, (line, _) in variants.items():
         med = statistics.median(per[name])
-        rows[name] = {"line": line, "samples_per_s": per[name], "median": med, "spread": _spread(per[name]),
+        rows[name] = {"line": line, "samples_per_s": per[name], "median": med, "spread": spread(per[name]),
                       "ratio": med / seed,
                       "round_ratios": [x / s for x, s in zip(per[name], per["seed"], strict=True)],
                       "met": name == "seed" or med / seed >= TARGET_RATIO}
     return {"variants": rows, "target": TARGET_RATIO}
+
+
+def _reported_candidate(tuned: dict[str, Any], batch_size: int, settings: str) -> dict[str, Any]:
+    """The configuration the report chose, as a ``Candidate`` dict; the script's own settings when it
+    chose nothing (the loader could not be measured)."""
+    from autotune.space import Candidate
+
+    if tuned["best"] is not None:
+        c = Candidate.from_loader_kwargs(tuned["best"], pretransform=tuned["loader"]["pretransform"],
+                                         torch_threads=tuned["torch_threads"])
+    else:
+        workers = int(settings.split("=")[1])
+        c = Candidate(batch_size, workers, prefetch_factor=2 if workers else None)
+    return c.to_dict()
+
+
+def speedup_check(work: Path, workers: int, *, samples: int, tune_epochs: int, rounds: int,
+                  epochs: int | None = None) -> dict[str, Any]:
+    """The report's speed-up against an independent interleaved measurement of the script's own
+    setting and the one the report chose (NOTE [ The reported speed-up, checked ])."""
+    settings = f"num_workers={workers}"
+    log(f"autotune run on a script with {settings} ({samples} samples, {tune_epochs} epochs)")
+    tuned = tune(work, samples=samples, epochs=tune_epochs, settings=settings, batch_size=CHECK_BATCH_SIZE,
+                 name=f"train_w{workers}.py")
+    candidate = _reported_candidate(tuned, CHECK_BATCH_SIZE, settings)
+    log(f"the report chose {tuned['best_label'] or 'nothing'} ({tuned['status']}), speed-up"
+        f" {_ratio(tuned['reported_speedup'])} against the script's own setting")
+    run_epochs = epochs or tuned["epochs"] or DROPIN_EPOCHS
+    scripts = {name: work / f"check_w{workers}_{name}.py" for name in ("script", "reported")}
+    scripts["script"].write_text(_script(settings, batch_size=CHECK_BATCH_SIZE))
+    scripts["reported"].write_text(_script(
+        f"candidate=Candidate.from_dict({candidate!r})", loader="autotune.DataLoader.configured",
+        imports="import autotune\nfrom autotune.space import Candidate\n", batch_size=CHECK_BATCH_SIZE))
+    env = _env(work / f"cache-check-w{workers}")  # empty: the configured loader reads no profile
+    per: dict[str, list[float]] = {name: [] for name in scripts}
+    for r in range(rounds):
+        for name in rotated(list(scripts), r):
+            done, _ = _run([sys.executable, str(scripts[name]), str(samples), str(run_epochs)], cwd=work,
+                           env=env)
+            per[name].append(_throughput(done, f"the {name} script"))
+            log(f"check w={workers}, round {r + 1}/{rounds}: {name} {per[name][-1]:,.0f} samples/s")
+    measured = paired_interval(per["reported"], per["script"])
+    reported = tuned["reported_speedup"]
+    low, high = tuned["reported_speedup_low"], tuned["reported_speedup_high"]
+    overlap = (reported is not None and (low if low is not None else reported) <= measured.high
+               and (high if high is not None else reported) >= measured.low)
+    return {
+        "workers": workers, "line": f"DataLoader(dataset, batch_size={CHECK_BATCH_SIZE}, shuffle=True,"
+        f" {settings})", "samples": samples, "epochs": run_epochs, "rounds": rounds, "tune": tuned,
+        "candidate": candidate, "samples_per_s": per,
+        "medians": {k: statistics.median(v) for k, v in per.items()},
+        "spreads": {k: spread(v) for k, v in per.items()},
+        "measured": measured.to_dict(), "measured_text": measured.text(),
+        "reported": reported, "reported_low": low, "reported_high": high,
+        "met": reported is not None and measured.contains(reported), "intervals_overlap": overlap,
+    }
 
 
 def overhead(work: Path, *, runs: int) -> dict[str, Any]:
@@ -257,38 +377,54 @@ def _machine() -> dict[str, Any]:
     from autotune.machine import detect_machine
 
     m = detect_machine().fingerprint()
-    m["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    m["load_average"] = harness.load_average()
     return m
 
 
-def write_markdown(data: dict[str, Any], path: Path) -> Path:
-    t, c, o = data["tune"], data["compare"], data["overhead"]
-    m = data["machine"]
-    yes = {True: "yes", False: "**no**"}
-    lines = [
-        "# `autotune run` on the seed's training script",
-        "",
-        f"Run on {data['date']} with `{data['command']}` ({data['minutes']:.1f} min in all).",
-        "",
-        f"Machine: {m.get('usable_cpus')} usable CPUs, accelerator {m.get('accelerator')}, torch"
-        f" {m.get('torch')}; load average at the start {', '.join(map(str, m['load_average']))}"
-        " (the machine is shared: other jobs ran during this benchmark).",
-        "",
-        "How it is measured: NOTE [ The seed benchmark ] in `benchmarks/run_seed.py`. The script is a",
-        f"plain training loop over CIFAR10Like({data['samples']}) with the CIFAR-10 training transform",
-        f"and SmallCNN on the CPU, {data['epochs']} epochs per timed run; throughput is the script's own:",
-        "samples over its training loop's wall time, worker start-up at every epoch included.",
-        "",
-        "## Targets",
-        "",
-        "| target | value | met |",
-        "|---|---:|---|",
-        *(f"| {name} >= {c['target']:g}x the seed's throughput | {row['ratio']:.2f}x | {yes[row['met']]} |"
-          for name, row in c["variants"].items() if name != "seed"),
-        f"| overhead on a script with no loader (imports torch) < {o['target_s']:g} s |"
-        f" {o['imports torch']['overhead_s']:.2f} s | {yes[o['met']]} |",
-        "",
+YES = {True: "yes", False: "**no**"}
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(target, value, met) for every part that ran."""
+    rows = []
+    if "compare" in data:
+        c = data["compare"]
+        rows += [(f"{name} >= {c['target']:g}x the seed's throughput", f"{row['ratio']:.2f}x", row["met"])
+                 for name, row in c["variants"].items() if name != "seed"]
+    for check in data.get("speedup", []):
+        rows.append((f"`num_workers={check['workers']}`: the reported speed-up lies within the independent"
+                     f" interval ({check['measured_text']})", _ratio(check["reported"]), check["met"]))
+    if "overhead" in data:
+        o = data["overhead"]
+        rows.append((f"overhead on a script with no loader (imports torch) < {o['target_s']:g} s",
+                     f"{o['imports torch']['overhead_s']:.2f} s", o["met"]))
+    return rows
+
+
+def _trial_lines(t: dict[str, Any]) -> list[str]:
+    return [
+        "| phase | state | workers | kind | pretransform | torch threads | samples/s | batches | reason |",
+        "|---|---|---:|---|---|---:|---:|---:|---|",
+        *(f"| {r['phase']} | {r['state']} | {r['num_workers']} | {r['worker_kind']} | {r['pretransform']} |"
+          f" {r['torch_threads'] if r['torch_threads'] is not None else '-'} |"
+          f" {format(r['samples_per_s'], ',.0f') if r['samples_per_s'] else '-'} | {r['batches'] or '-'} |"
+          f" {r['reason'] or ''} |" for r in t.get("trial_table", [])),
+    ]
+
+
+def _seed_lines(data: dict[str, Any]) -> list[str]:
+    t, c = data["tune"], data["compare"]
+    return [
         "## 1. `autotune run` on the seed script",
+        "",
+        f"NOTE [ The seed benchmark ]: a plain training loop over CIFAR10Like({data['samples']}) with the"
+        " CIFAR-10 training transform and SmallCNN on the CPU, `batch_size=16, num_workers=20` written in"
+        f" it, {data['epochs']} epochs per timed run; throughput is the script's own: samples over its"
+        " training loop's wall time, worker start-up at every epoch included.",
         "",
         f"`{t['command']}`: {t['wall_s']:.0f} s, the loader {t['status']} on `{t['best_label']}`"
         f" after {t['trials']} trials; inside that run the script trained at"
@@ -301,12 +437,7 @@ def write_markdown(data: dict[str, Any], path: Path) -> Path:
         "Its trials, as the explorer measured them inside the script's epochs (short windows on a",
         "shared machine: read them for the order, and section 2 for the speed):",
         "",
-        "| phase | state | workers | kind | pretransform | torch threads | samples/s | batches | reason |",
-        "|---|---|---:|---|---|---:|---:|---:|---|",
-        *(f"| {r['phase']} | {r['state']} | {r['num_workers']} | {r['worker_kind']} | {r['pretransform']} |"
-          f" {r['torch_threads'] if r['torch_threads'] is not None else '-'} |"
-          f" {format(r['samples_per_s'], ',.0f') if r['samples_per_s'] else '-'} | {r['batches'] or '-'} |"
-          f" {r['reason'] or ''} |" for r in t.get("trial_table", [])),
+        *_trial_lines(t),
         "",
         "## 2. The seed's setting against the pasted ones",
         "",
@@ -319,6 +450,11 @@ def write_markdown(data: dict[str, Any], path: Path) -> Path:
           f" {', '.join(f'{x:,.0f}' for x in row['samples_per_s'])} | {row['ratio']:.2f} |"
           f" {', '.join(f'{x:.2f}' for x in row['round_ratios'])} |" for name, row in c["variants"].items()),
         "",
+    ]
+
+
+def _overhead_lines(o: dict[str, Any]) -> list[str]:
+    lines = [
         "## 3. Overhead of the command on a script that builds no loader",
         "",
         "| script | `python noop.py` (median s) | `autotune run noop.py` (median s) | overhead (s) |"
@@ -329,51 +465,160 @@ def write_markdown(data: dict[str, Any], path: Path) -> Path:
         x = o[name]
         lines.append(f"| {name} | {x['python_median_s']:.2f} | {x['autotune_run_median_s']:.2f} |"
                      f" {x['overhead_s']:.2f} | {x['paired_overhead_median_s']:.2f} |")
-    lines += ["", "The target is for the first row: every script that builds a DataLoader imports torch. For",
-              "a script that imports nothing, the command still imports torch and autotune itself, and that",
-              "import is most of the difference.", ""]
+    return [*lines, "", "The target is for the first row: every script that builds a DataLoader imports"
+            " torch. For a script that imports nothing, the command still imports torch and autotune"
+            " itself, and that import is most of the difference.", ""]
+
+
+def _speedup_lines(checks: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "## 4. The reported speed-up against an independent measurement",
+        "",
+        "NOTE [ The reported speed-up, checked ]: the script as written, run unmodified under `autotune run`"
+        " in a fresh profile folder; then, each as a fresh `python` process in interleaved rounds, the"
+        " script as written against the same script serving exactly the configuration the report chose"
+        " (`autotune.DataLoader.configured`, exploring nothing), each training as many epochs as the"
+        " reported speed-up is for. The independent ratio is the geometric mean of the per-round ratios;"
+        " its interval is Student's t on their logarithms, at the report's confidence (NOTE [ Paired"
+        " ratio interval ] in `benchmarks/stats.py`).",
+        "",
+        "| script's loader | `autotune run` chose | status | reported speed-up (interval) |"
+        " independent ratio (interval) | within | intervals overlap | samples/s: script, chosen (median,"
+        " spread) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for ch in checks:
+        t = ch["tune"]
+        rep = ("none" if ch["reported"] is None else
+               f"{ch['reported']:.2f}x" + ("" if ch["reported_low"] is None else
+                                           f" ({ch['reported_low']:.2f}-{_ratio(ch['reported_high'])})"))
+        chose = f"`{t['best_label']}`" if t["best_label"] else "nothing"
+        chose += " (its own)" if t["kept_baseline"] else ""
+        lines.append(
+            f"| `{ch['line']}` | {chose} | {t['status']} | {rep} | {ch['measured_text']} |"
+            f" {YES[ch['met']]} | {YES[ch['intervals_overlap']]} |"
+            f" {ch['medians']['script']:,.0f} ({ch['spreads']['script']:.0%}),"
+            f" {ch['medians']['reported']:,.0f} ({ch['spreads']['reported']:.0%}) |")
+    for ch in checks:
+        t = ch["tune"]
+        lines += [
+            "",
+            f"### `num_workers={ch['workers']}`",
+            "",
+            f"`{t['command']}`: {t['wall_s']:.0f} s; {ch['samples']} samples, {ch['rounds']} rounds of"
+            f" {ch['epochs']} epochs each for the independent measurement; load per CPU the report"
+            f" recorded: {t['load_average_per_cpu']}. Decision: {t['decision'] or '-'}",
+            "",
+            "Per round (samples/s): script " + ", ".join(f"{x:,.0f}" for x in ch["samples_per_s"]["script"])
+            + "; chosen " + ", ".join(f"{x:,.0f}" for x in ch["samples_per_s"]["reported"]) + ".",
+            "",
+            "```",
+            t["report"],
+            "```",
+            "",
+            *_trial_lines(t),
+        ]
+    return [*lines, ""]
+
+
+def write_markdown(data: dict[str, Any], path: Path) -> Path:
+    m = data["machine"]
+    lines = ["# `autotune run`: the seed's script, the reported speed-up checked, the overhead", ""]
+    if data.get("quick"):
+        lines += ["**Quick mode: a smoke run with tiny sizes. Its figures mean nothing.**", ""]
+    lines += [
+        f"Run on {data['date']} with `{data['command']}` ({data['minutes']:.1f} min in all).",
+        "",
+        f"Machine: {m.get('usable_cpus')} usable CPUs, accelerator {m.get('accelerator')}, torch"
+        f" {m.get('torch')}; load average (1, 5, 15 min) at the start"
+        f" {', '.join(map(str, m['load_average']))}, at the end {', '.join(map(str, data['load_end']))}.",
+        "",
+        "## Targets",
+        "",
+        "| target | value | met |",
+        "|---|---:|---|",
+        *(f"| {target} | {value} | {YES[met]} |" for target, value, met in targets(data)),
+        "",
+    ]
+    if "compare" in data:
+        lines += _seed_lines(data)
+    if "overhead" in data:
+        lines += _overhead_lines(data["overhead"])
+    if "speedup" in data:
+        lines += _speedup_lines(data["speedup"])
     if data.get("notes"):
         lines += ["## Notes", "", *data["notes"], ""]
     path.write_text("\n".join(lines))
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES)
-    parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python benchmarks/run_seed.py",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="the seed script's samples")
+    parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help="epochs per timed seed run")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="rounds of the seed comparison")
+    parser.add_argument("--check-samples", type=int, default=DEFAULT_CHECK_SAMPLES,
+                        help="the speed-up check's samples")
+    parser.add_argument("--check-rounds", type=int, default=DEFAULT_CHECK_ROUNDS,
+                        help="rounds of the independent measurement")
+    parser.add_argument("--check-epochs", type=int, default=None,
+                        help="epochs per independent run (default: as many as the reported speed-up is for)")
     parser.add_argument("--overhead-runs", type=int, default=DEFAULT_OVERHEAD_RUNS)
+    parser.add_argument("--part", action="append", choices=PARTS, help="repeatable (default: all)")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny run that checks the benchmark works; written to a temporary folder")
-    parser.add_argument("--out", type=Path, help="folder for RUN.md and run.json (default: benchmarks/)")
+    parser.add_argument("--out", type=Path, help="folder for RUN.md and run.json (default: benchmarks/;"
+                        " with --quick, a new temporary folder)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.samples, args.epochs, args.rounds, args.overhead_runs = 512, 1, 1, 1
-    out = args.out or (Path(tempfile.mkdtemp(prefix="autotune-run-seed-")) if args.quick else RESULTS_DIR)
+        args.samples, args.epochs, args.rounds, args.overhead_runs = QUICK_SAMPLES, 1, 1, 1
+        args.check_samples, args.check_rounds, args.check_epochs = QUICK_SAMPLES, 1, 1
+    args.part = args.part or list(PARTS)
+    return args
+
+
+def out_folder(args: argparse.Namespace) -> Path:
+    return harness.out_folder(args, QUICK_OUT_PREFIX)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    parts = args.part
+    out = out_folder(args)
     started = time.perf_counter()
-    machine = _machine()
+    data: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "command": shlex.join(["python", "benchmarks/run_seed.py",
+                               *(sys.argv[1:] if argv is None else argv)]),
+        "quick": args.quick, "parts": parts, "machine": _machine(), "samples": args.samples,
+        "epochs": args.epochs, "rounds": args.rounds,
+    }
     with tempfile.TemporaryDirectory(prefix="autotune-run-seed-work-") as tmp:
         work = Path(tmp)
-        tune_epochs = TUNE_EPOCHS if not args.quick else 2
-        log(f"autotune run on the seed script ({args.samples} samples, {tune_epochs} epochs)")
-        tuned = tune(work, samples=args.samples, epochs=tune_epochs)
-        log(f"best {tuned['best_label']} ({tuned['status']}); for torch's DataLoader {tuned['plain_kwargs']}")
-        compared = compare(work, tuned, samples=args.samples, epochs=args.epochs, rounds=args.rounds)
-        over = overhead(work, runs=args.overhead_runs)
-    data = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "command": "python benchmarks/run_seed.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "minutes": (time.perf_counter() - started) / 60.0,
-        "machine": machine, "samples": args.samples, "epochs": args.epochs, "rounds": args.rounds,
-        "tune": tuned, "compare": compared, "overhead": over,
-    }
+        if "seed" in parts:
+            tune_epochs = TUNE_EPOCHS if not args.quick else 2
+            log(f"autotune run on the seed script ({args.samples} samples, {tune_epochs} epochs)")
+            data["tune"] = tune(work, samples=args.samples, epochs=tune_epochs)
+            log(f"best {data['tune']['best_label']} ({data['tune']['status']}); for torch's DataLoader"
+                f" {data['tune']['plain_kwargs']}")
+            data["compare"] = compare(work, data["tune"], samples=args.samples, epochs=args.epochs,
+                                      rounds=args.rounds)
+        if "speedup" in parts:
+            tune_epochs = CHECK_TUNE_EPOCHS if not args.quick else 2
+            data["speedup"] = [speedup_check(work, w, samples=args.check_samples, rounds=args.check_rounds,
+                                             tune_epochs=tune_epochs, epochs=args.check_epochs)
+                               for w in CHECK_WORKERS]
+        if "overhead" in parts:
+            data["overhead"] = overhead(work, runs=args.overhead_runs)
+    data["minutes"] = (time.perf_counter() - started) / 60.0
+    data["load_end"] = harness.load_average()
+    out.mkdir(parents=True, exist_ok=True)
     write_json(data, out / "run.json")
     write_markdown(data, out / "RUN.md")
-    ratios = {name: row["ratio"] for name, row in compared["variants"].items() if name != "seed"}
-    summary = "; ".join(f"{name} {ratio:.2f}x the seed" for name, ratio in ratios.items())
-    log(f"{summary} (target {TARGET_RATIO:g}x); overhead {over['imports torch']['overhead_s']:.2f} s"
-        f" (target < {TARGET_OVERHEAD_S:g} s); written to {out}")
+    for target, value, met in targets(data):
+        log(f"{target}: {value} ({'met' if met else 'missed'})")
+    log(f"written to {out}")
     return 0
 
 

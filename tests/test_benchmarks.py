@@ -7,12 +7,15 @@ only proves that every workload and every configuration is measured and written 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pytest
 import torch
 
@@ -179,3 +182,176 @@ def test_a_missed_time_target_says_where_the_tuning_time_went() -> None:
     assert "0.30 against 0.15" in line
     assert "first measured 7 s in; the search tried 9 more candidates (7 s)" in line
     assert "re-measurement took 6 s" in line
+
+
+# --------------------------------------------------------------------------------------------------
+# The focused benchmarks: training runs, `autotune run`, repeatability. Their quick modes run end to
+# end here (figures unchecked: they mean nothing on a shared machine); their helpers on exact figures.
+
+
+def _quick(script: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, f"benchmarks/{script}", "--quick", "--out", str(out), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_training_quick_run_records_both_modes_and_stops_its_hog(tmp_path: Path) -> None:
+    from benchmarks import training
+
+    _quick("training.py", tmp_path)
+    data = json.loads((tmp_path / "training.json").read_text())
+    assert data["meta"]["quick"] is True
+    (workload,) = data["workloads"]
+    assert workload["name"] == "no-gain"
+    assert list(workload["modes"]) == list(training.MODES)
+    for mode, m in workload["modes"].items():
+        (repeat,) = m["repeats"]
+        assert set(repeat["runs"]) == set(training.RUNS), mode
+        for one in repeat["runs"].values():
+            assert len(one["epochs_s"]) == data["meta"]["epochs"] and one["wall_s"] > 0
+        assert set(m["ratios"]) >= {name for name, _, _, _ in training.TARGETS}
+    # The drop-in against the oracle is a target on the quiet machine only.
+    assert "drop-in / oracle <= 1.05x" in workload["modes"]["quiet"]["targets"]
+    assert "drop-in / oracle <= 1.05x" not in workload["modes"]["loaded"]["targets"]
+    hog = workload["modes"]["loaded"]["hog"]
+    assert hog["enabled"] and not workload["modes"]["quiet"]["hog"]["enabled"]
+    assert not psutil.pid_exists(hog["pid"]), "the loaded mode's hog outlived the benchmark"
+    report = (tmp_path / "TRAINING.md").read_text()
+    assert "Quick mode" in report and "| no-gain | loaded |" in report
+
+
+@pytest.mark.slow
+def test_run_seed_quick_run_checks_the_reported_speedup_for_both_scripts(tmp_path: Path) -> None:
+    from benchmarks import run_seed
+
+    _quick("run_seed.py", tmp_path)
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["quick"] is True and data["parts"] == list(run_seed.PARTS)
+    assert [c["workers"] for c in data["speedup"]] == list(run_seed.CHECK_WORKERS)
+    for check in data["speedup"]:
+        # Whatever the report decided, both settings were measured in every round.
+        assert len(check["samples_per_s"]["script"]) == len(check["samples_per_s"]["reported"]) == 1
+        assert check["measured"]["ratio"] > 0
+        # Nothing reported (a baseline too big to measure in a tiny epoch) is a missed target, not a pass.
+        assert check["met"] is (check["reported"] is not None and check["met"])
+    report = (tmp_path / "RUN.md").read_text()
+    assert "Quick mode" in report and "## 4. The reported speed-up" in report
+
+
+@pytest.mark.slow
+def test_repeat_quick_run_tunes_and_remeasures_with_both_drivers(tmp_path: Path) -> None:
+    from benchmarks import repeat
+
+    _quick("repeat.py", tmp_path)
+    data = json.loads((tmp_path / "repeat.json").read_text())
+    (workload,) = data["workloads"]
+    assert [d["driver"] for d in workload["drivers"]] == list(repeat.DRIVERS)
+    for d in workload["drivers"]:
+        assert len(d["tunings"]) == len(d["picks"]) == repeat.QUICK["tunings"]
+        defaults = Candidate(workload["batch_size"]).label()
+        assert len(d["configs"][defaults]["samples_per_s"]) == repeat.QUICK["rounds"]
+    assert "Quick mode" in (tmp_path / "REPEAT.md").read_text()
+
+
+@pytest.mark.parametrize("script", ["training", "run_seed", "repeat"])
+def test_focused_benchmarks_write_beside_themselves_unless_quick(script: str) -> None:
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.{script}")
+    assert module.out_folder(module.parse_args([])) == ROOT / "benchmarks"
+    assert module.out_folder(module.parse_args(["--out", "elsewhere"])) == Path("elsewhere")
+    quick = module.out_folder(module.parse_args(["--quick"]))
+    # A smoke run's figures mean nothing: a new temporary folder, never benchmarks/.
+    assert quick.name.startswith(module.QUICK_OUT_PREFIX) and ROOT / "benchmarks" not in quick.parents
+    quick.rmdir()
+
+
+def test_paired_interval_is_students_t_on_the_log_ratios() -> None:
+    from benchmarks.stats import paired_interval
+
+    # Per-round log ratios 0.1, 0.2, 0.3: mean 0.2, standard deviation 0.1, three rounds, so the
+    # interval is exp(0.2 -+ 2.920 * 0.1 / sqrt(3)) (t with two degrees of freedom, one-sided 95 %).
+    b = [100.0, 50.0, 10.0]
+    a = [x * math.exp(d) for x, d in zip(b, (0.1, 0.2, 0.3), strict=True)]
+    got = paired_interval(a, b)
+    half = 2.920 * 0.1 / math.sqrt(3)
+    assert got.ratio == pytest.approx(math.exp(0.2))
+    assert (got.low, got.high) == (pytest.approx(math.exp(0.2 - half)), pytest.approx(math.exp(0.2 + half)))
+    assert got.contains(1.3) and not got.contains(1.0)
+    one = paired_interval([2.0], [1.0])
+    assert one.ratio == 2.0 and one.contains(100.0) and one.to_dict()["high"] is None  # JSON has no infinity
+    with pytest.raises(ValueError, match="one value of each per round"):
+        paired_interval([1.0, 2.0], [1.0])
+
+
+def test_cpu_hog_burns_a_core_and_is_killed_when_the_block_raises() -> None:
+    from benchmarks.hog import cpu_hog
+
+    with pytest.raises(RuntimeError, match="the benchmark failed"), cpu_hog() as record:
+        pid = record["pid"]
+        proc = psutil.Process(pid)
+        deadline = time.monotonic() + 30
+        while sum(proc.cpu_times()[:2]) < 0.05 and time.monotonic() < deadline:
+            time.sleep(0.05)  # it runs: CPU time accrues (slowly on a loaded machine)
+        assert sum(proc.cpu_times()[:2]) >= 0.05
+        raise RuntimeError("the benchmark failed")
+    assert record["returncode"] is not None and record["alive_s"] > 0
+    assert not psutil.pid_exists(pid)
+
+
+def test_cpu_hog_ends_by_itself_when_its_parent_dies_without_cleaning_up() -> None:
+    # A benchmark killed outright runs no `finally`: the hog notices its parent is gone.
+    code = ("import os, sys\nfrom benchmarks.hog import cpu_hog\n"
+            "with cpu_hog() as r:\n    print(r['pid'], flush=True)\n    os._exit(0)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    pid = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "an orphaned hog kept running"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _runs(users: float, dropin: float, tune: float, oracle: float, second: float) -> dict[str, Any]:
+    walls = (users, dropin, tune, oracle, second)
+    return {"runs": {label: {"wall_s": w} for label, w in zip(
+        ("user's settings", "drop-in", "tune+train", "oracle", "second run"), walls, strict=True)}}
+
+
+def test_training_targets_use_the_median_over_repeats_and_the_quiet_only_oracle_bound() -> None:
+    from benchmarks import training
+
+    repeats = [_runs(100, 101, 120, 90, 91), _runs(100, 110, 120, 90, 90), _runs(100, 100, 120, 90, 92)]
+    quiet = training.summarise(repeats, "quiet")
+    assert quiet["ratios"]["drop-in / user's settings"] == {"median": 1.01, "min": 1.0, "max": 1.1}
+    assert quiet["targets"] == {
+        "drop-in / user's settings <= 1.02x": True,  # the median 1.01, though one repeat was 1.10
+        "drop-in / oracle <= 1.05x": False,  # 101 / 90
+        "second run / oracle <= 1.02x": True,
+    }
+    assert "drop-in / oracle <= 1.05x" not in training.summarise(repeats, "loaded")["targets"]
+
+
+def test_repeatability_counts_the_differing_picks_and_judges_them_against_the_fastest() -> None:
+    from benchmarks import repeat
+
+    a, b, base = Candidate(64, 2, prefetch_factor=2), Candidate(64, 3, prefetch_factor=2), Candidate(64)
+    tunings = [{"pick": c.to_dict(), "label": c.label()} for c in (a, a, b, a)]
+    tunings.append({"pick": None, "label": None})  # a tuning that measured nothing
+    per = {a: [100.0, 104.0, 98.0], b: [101.0, 99.0, 103.0], base: [50.0, 52.0, 49.0]}
+    got = repeat.judge(tunings, per)
+    assert got["distinct"] == 3 and got["most_common"] == a.label() and got["differs"] == 2
+    assert got["fastest"] == b.label()  # median 101 against 100
+    assert got["configs"][a.label()]["within_noise"] and got["all_within_noise"]
+    assert "within_noise" not in got["configs"][base.label()]  # the defaults are context, not a pick
+    per[a] = [80.0, 81.0, 79.0]  # now clearly slower than b in every round
+    assert not repeat.judge(tunings, per)["all_within_noise"]

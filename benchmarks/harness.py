@@ -1,0 +1,40 @@
+"""What the focused benchmark scripts share: where they write, and how they describe the machine."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from autotune.machine import detect_machine
+
+RESULTS_DIR = Path(__file__).resolve().parent
+"""Where a full run writes its results file and figures: beside the script, committed."""
+
+
+def out_folder(args: argparse.Namespace, quick_prefix: str) -> Path:
+    """``--out``, else a new temporary folder for a smoke run (its figures mean nothing), else the
+    committed results' folder."""
+    if args.out is not None:
+        return Path(args.out)
+    return Path(tempfile.mkdtemp(prefix=quick_prefix)) if args.quick else RESULTS_DIR
+
+
+def require_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    """Exit with a usage error when a count given on the command line is below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be at least 1")
+
+
+def describe_machine() -> str:
+    """The machine in one line, for a results file."""
+    m = detect_machine()
+    return (f"{m.usable_cpus} usable CPUs of a {m.cpu_model}, {m.ram_total_bytes / 2**30:.1f} GiB RAM,"
+            f" accelerator {m.accelerator}, torch {m.torch_version}")
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages."""
+    return [round(x, 2) for x in os.getloadavg()]
