@@ -261,6 +261,9 @@ def _add_run_parser(sub: Any) -> argparse.ArgumentParser:
     )
     run.add_argument("-m", dest="module", metavar="MODULE",
                      help="run a module as `python -m MODULE` does; its arguments follow `--`")
+    run.add_argument("--epochs", type=_positive_int, default=None, metavar="N",
+                     help="how many epochs the script trains (default: 10): exploring and start-up are"
+                     " weighed against that length")
     run.add_argument("--stop-when-tuned", action="store_true",
                      help="end the script once every DataLoader it iterates has settled (its finally"
                      " blocks still run; exit code 0)")
@@ -624,7 +627,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--json {args.json!r}: its folder does not exist; create it or give another path")
     try:
         outcome = run(Target(args=tuple(rest), **target_kw), json_path=args.json,
-                      stop_when_tuned=args.stop_when_tuned, quiet=args.quiet)
+                      stop_when_tuned=args.stop_when_tuned, quiet=args.quiet, epochs=args.epochs)
     except TargetError as err:
         raise UsageError(str(err)) from err
     return outcome.exit_code

@@ -160,6 +160,9 @@ class DataLoader(tud.DataLoader[T_co]):
     explicit_settings_are_fixed: bool = True
     """Whether the tunable settings the caller passes are fixed (True) or starting points (False)."""
 
+    default_epochs: int = DEFAULT_EPOCHS
+    """``epochs`` when the caller gives none (``autotune run --epochs`` sets it for a script)."""
+
     def __init__(
         self,
         dataset: Any,
@@ -183,7 +186,7 @@ class DataLoader(tud.DataLoader[T_co]):
         pretransform: str | Sequence[str] = AUTO,
         torch_threads: int | str | None = AUTO,
         device: str | torch.device | None = None,
-        epochs: int = DEFAULT_EPOCHS,
+        epochs: int | None = None,
         cache: bool = True,
         cache_dir: str | None = None,
         storage: str | None = None,
@@ -239,7 +242,8 @@ class DataLoader(tud.DataLoader[T_co]):
         self._user_persistent = bool(written_by_user.get("persistent_workers")) and self._user_workers > 0
         plan = make_plan(
             dataset, None, batch_size=_plan_batch_size(dataset, batch_size), budget_s=None,
-            device=device, epochs=epochs, pretransform=pretransform,
+            device=device, epochs=self.default_epochs if epochs is None else epochs,
+            pretransform=pretransform,
             max_workers=fixed.num_workers if fixed.num_workers else None, memory_budget_bytes=None,
             batch_timeout_s=batch_timeout_s, shuffle=bool(shuffle) or sampler is not None,
             collate_fn=collate_fn, seed=0, fixed=fixed.to_dict(), persistent=fixed.persistent_workers,

@@ -166,8 +166,11 @@ class RunOutcome:
 class _Session(dropin.Listener):
     """Hears of every drop-in loader the script builds, and stops the script when asked to."""
 
-    def __init__(self, *, main_file: str | None, stop_when_tuned: bool, progress: TextIO | None) -> None:
+    def __init__(self, *, main_file: str | None, stop_when_tuned: bool, progress: TextIO | None,
+                 epochs: int | None = None) -> None:
         self.main_file = os.path.abspath(main_file) if main_file else None
+        self.epochs = epochs
+        """The script's training length, where the command was told it."""
         self.stop_when_tuned = stop_when_tuned
         self.progress = progress
         self.records: list[LoaderRecord] = []
@@ -368,6 +371,7 @@ def _stand_in(session: _Session) -> type[dropin.DataLoader]:
     class DataLoader(dropin.DataLoader, metaclass=_StandInMeta):
         __doc__ = dropin.DataLoader.__doc__
         explicit_settings_are_fixed = False
+        default_epochs = session.epochs or dropin.DEFAULT_EPOCHS
         _is_stand_in = True
 
         def __class_getitem__(cls, item: Any) -> Any:
@@ -463,7 +467,7 @@ def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
 
 
 def run(target: Target, *, json_path: str | None = None, stop_when_tuned: bool = False,
-        quiet: bool = False, stderr: TextIO | None = None) -> RunOutcome:
+        quiet: bool = False, stderr: TextIO | None = None, epochs: int | None = None) -> RunOutcome:
     """Run ``target`` with its DataLoaders tuned (see NOTE [ autotune run ]); report on ``stderr``.
 
     Returns the outcome, whose ``exit_code`` is what ``python`` would have exited with (130 after
@@ -474,7 +478,7 @@ def run(target: Target, *, json_path: str | None = None, stop_when_tuned: bool =
     check_target(target)
     outcome = RunOutcome(target)
     session = _Session(main_file=None, stop_when_tuned=stop_when_tuned,
-                       progress=None if quiet else err_out)
+                       progress=None if quiet else err_out, epochs=epochs)
     started = time.perf_counter()
     dropin.add_listener(session)
     try:
@@ -629,8 +633,8 @@ def _loader_section(record: LoaderRecord) -> list[str]:
                                subsequent_indent=" " * 12)
     if result.kept_baseline:
         lines.append("  nothing to change in the script")
-        return lines
-    lines += _paste_lines(record, result)
+    else:
+        lines += _paste_lines(record, result)
     if status == "exploring":
         lines.append("  not stored as a profile: the next run explores again (train longer to settle)")
     elif status == "tuned" and result.key:

@@ -278,8 +278,11 @@ class Tuning:
         self.settled = c
         now = load_per_cpu()
         then = result.load_average if result is not None else None
-        if (now is not None and then is not None and abs(now - then) > LOAD_CHANGE
-                and c != self.baseline):
+        changed = now is not None and then is not None and abs(now - then) > LOAD_CHANGE
+        ctx = self.plan.dist
+        if ctx is not None:  # rank 0's reading, so that every rank checks, or none
+            changed = bool(ctx.broadcast(changed if ctx.leader else None))
+        if changed and now is not None and then is not None and c != self.baseline:
             self.slow = SLOW_EPOCHS
             self.last_search_at = -MIN_EPOCHS_BETWEEN_SEARCHES
             self.pending = (f"the profile for the loader at {self.origin} was chosen at a load of"

@@ -4,6 +4,9 @@ These machines are shared: another program may create shared-memory files while 
 ``torch_<pid>_...`` segments, multiprocessing's ``sem.mp-...`` semaphores). A file is another
 program's when its name carries the pid of a live process outside this process tree, or when a live
 process outside this tree has it mapped (an open semaphore or segment is mapped by its users).
+A multiprocessing semaphore carries no owner, and its creator unlinks it when the object is
+collected: one left by this process tree is one it still holds, mapped; one nobody maps was left by
+a process that ended (never this test's, whose every process the test outlives).
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ def _tree() -> set[int]:
     return pids
 
 
-def _mapped_by(path: str, tree: set[int]) -> bool:
-    """Whether a live process outside ``tree`` maps ``path``."""
+def _mapped_by(path: str, tree: set[int], *, inside: bool = False) -> bool:
+    """Whether a live process outside ``tree`` (``inside``: in it) maps ``path``."""
     for pid in psutil.pids():
-        if pid in tree:
+        if (pid in tree) != inside:
             continue
         with contextlib.suppress(OSError), open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
             if path in f.read():
@@ -46,6 +49,10 @@ def others(names: list[str]) -> set[str]:
             if pid not in tree and psutil.pid_exists(pid):
                 out.add(name)
                 continue
-        if _mapped_by(os.path.join(SHM_DIR, name), tree):
+        path = os.path.join(SHM_DIR, name)
+        if name.startswith("sem.mp-"):
+            if not _mapped_by(path, tree, inside=True):
+                out.add(name)
+        elif _mapped_by(path, tree):
             out.add(name)
     return out
