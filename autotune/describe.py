@@ -64,6 +64,20 @@ def jsonable(obj: Any) -> Any:
     return strip_addresses(repr(obj))
 
 
+def contains_cuda(obj: Any, depth: int = 0) -> bool:
+    """Whether a sample or batch holds a tensor on a CUDA device (worker processes cannot share it)."""
+    if depth > MAX_DEPTH:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return bool(obj.is_cuda)
+    if isinstance(obj, Mapping):
+        return any(contains_cuda(v, depth + 1) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return any(contains_cuda(v, depth + 1) for v in obj)
+    return False
+
+
 def describe_sample(sample: Any, depth: int = 0) -> dict[str, Any]:
     """The structure of a sample: types, shapes and dtypes, never values (labels differ per sample)."""
     if depth > MAX_DEPTH:

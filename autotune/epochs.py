@@ -546,6 +546,8 @@ class EpochIterator:
                 continue
             self._served += 1
             self._loader._served_batches += 1
+            if self._driver.tuning.cuda_data is None:
+                self._driver.tuning.observe(item)
             return item
 
     def _close_stretch(self) -> None:

@@ -253,11 +253,10 @@ class DataLoader(tud.DataLoader[T_co]):
             {**{k: v for k, v in literal.items() if k != "prefetch_factor" or v is not None},
              "batch_size": batch_size or 1, "in_order": True}, batch_size or 1),
             torch_threads=fixed.torch_threads)
-        start = None
-        if not self.explicit_settings_are_fixed and literal:
-            start = baseline  # the script's own settings: the baseline, and searched around
+        # With ``explicit_settings_are_fixed=False`` (``autotune run``) the script's settings are the
+        # baseline, measured first and searched around; otherwise what is written is fixed as well.
         self._tuning = Tuning(
-            plan, fixed, baseline, start=None if start == baseline else start,
+            plan, fixed, baseline,
             store_args=({"cache_dir": cache_dir, "storage": storage}
                         if cache and _configured is None else None),
             origin=self._origin,

@@ -108,8 +108,6 @@ class Explorer:
     """Candidate fields fixed by the user: every candidate has these values."""
     cache_build_s: float | None = None
     """The estimated build time of a cache (``None``: unknown or no cache applies)."""
-    start: Candidate | None = None
-    """The script's own settings when they are a starting point rather than the baseline."""
     longest_stretch: int | None = None
     """Items one measured stretch may take (a share of the epoch); ``None``: no bound."""
     queue: list[Candidate] = field(default_factory=list)
@@ -206,8 +204,6 @@ class Explorer:
                     self.baseline in self.ledger.by_candidate) else None
             return  # no window yet: the baseline is served again
         self.phase = "online"
-        if self.start is not None and self.allowed(self.start):
-            self.queue.append(self.start)
         if m.wait_fraction < MIN_WAIT_TO_EXPLORE:
             log.info("autotune: the step waits for data %.0f%% of the time with the baseline settings;"
                      " only the torch thread count can help", 100 * m.wait_fraction)

@@ -28,6 +28,7 @@ from typing import Any, cast
 from . import pretransform as pt
 from . import profiles
 from .decide import Decision, Ledger, TrialRecord
+from .describe import contains_cuda
 from .distributed import reduce_measurements
 from .measure import Measurement
 from .online import (
@@ -106,13 +107,12 @@ class Fixed:
 class Tuning:
     """What one drop-in loader knows across epochs (see the module docstring)."""
 
-    def __init__(self, plan: Plan, fixed: Fixed, baseline: Candidate, *, start: Candidate | None,
+    def __init__(self, plan: Plan, fixed: Fixed, baseline: Candidate, *,
                  store_args: dict[str, Any] | None, origin: str, reads_in_main: bool,
                  threads_allowed: bool) -> None:
         self.plan = plan
         self.fixed = fixed
         self.baseline = baseline
-        self.start = start
         self.store_args = store_args
         self.origin = origin
         self.reads_in_main = reads_in_main
@@ -125,7 +125,8 @@ class Tuning:
         self.space: SearchSpace | None = None
         self.settled: Candidate | None = None
         self.result: TuneResult | None = None
-        self.cuda_data = False
+        self.cuda_data: bool | None = None
+        """Whether the batches hold CUDA tensors, seen in the first one served (``None``: not yet)."""
         self.epochs_done = 0
         self.search_epochs = 0
         self.last_search_at = 0
@@ -151,6 +152,12 @@ class Tuning:
         if self.explorer is None:
             return (self.baseline, "baseline") if not self.ledger.records else None
         return self.explorer.next()
+
+    def observe(self, item: Any) -> None:
+        """The first item served: data already on an accelerator rules out worker processes (it is
+        seen here rather than by reading a sample the user's settings would not read)."""
+        if self.cuda_data is None:
+            self.cuda_data = contains_cuda(item)
 
     def serving(self) -> Candidate:
         """What serves when nothing is measured: the settled configuration, else the baseline."""
@@ -194,7 +201,7 @@ class Tuning:
             space, build_s = ctx.broadcast((space, build_s) if ctx.leader else None)
         self.space = space
         self.explorer = Explorer(space, self.baseline, self.ledger, allowed_fields=self.fixed.fields(),
-                                 cache_build_s=build_s, start=self.start)
+                                 cache_build_s=build_s)
         for strategy, why in refused.items():
             self.ledger.record(replace(self.baseline, pretransform=cast(Strategy, strategy)), "online",
                                "infeasible",

@@ -161,3 +161,18 @@ def test_the_command_tunes_on_cuda() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert str(doc.get("device", "")).startswith("cuda"), doc.keys()
+
+
+def test_the_drop_in_over_data_on_the_gpu_never_starts_worker_processes() -> None:
+    # The seed's report: pre-transformed data kept on the GPU made num_workers > 0 fail with
+    # _share_filename_. The drop-in sees the CUDA tensors in its first batch and keeps to the main
+    # process and threads; every sample comes once per epoch.
+    data = OnTheGpu(4096)
+    loader = autotune.DataLoader(data, batch_size=64, shuffle=True, device="cuda", cache=False)
+    with loader:
+        for _ in range(3):
+            seen = torch.cat([y for _, y in loader]).cpu()
+            assert len(seen) == len(data)
+    trials = loader.tuning.trials if loader.tuning else ()
+    assert all(not (t.candidate.num_workers and t.candidate.worker_kind == "process"
+                    and t.state == "complete") for t in trials)

@@ -30,7 +30,7 @@ def tuning(result: TuneResult | None = None, settled: Candidate = WORKERS) -> Tu
     plan = make_plan(Indexed(), None, batch_size=16, budget_s=None, device="cpu", epochs=20,
                      pretransform="none", max_workers=None, memory_budget_bytes=None,
                      batch_timeout_s=None, shuffle=True, collate_fn=None, seed=0, read_samples=False)
-    t = Tuning(plan, Fixed(), BASE, start=None, store_args=None, origin="train.py:1", reads_in_main=True,
+    t = Tuning(plan, Fixed(), BASE, store_args=None, origin="train.py:1", reads_in_main=True,
                threads_allowed=True)
     t.settle_from_profile(result or TuneResult(loader_kwargs=settled.loader_kwargs(),
                                                baseline_samples_per_s=1000.0), settled)
@@ -116,3 +116,28 @@ def test_a_profile_chosen_under_another_load_is_checked_in_the_first_epoch() -> 
     assert tuning(same).pending is None
 
 
+
+
+def test_batches_already_on_an_accelerator_rule_out_worker_processes() -> None:
+    # A CPU stand-in for a CUDA batch (no GPU here): what the drop-in sees in its first batch, not by
+    # reading a sample of its own. tests/test_gpu.py runs the real thing on a GPU.
+    class OnDevice:
+        is_cuda = True
+
+    t = tuning()
+    t.observe((OnDevice(), [1, 2]))
+    assert t.cuda_data is False  # not a tensor: nothing on a device
+    t = tuning()
+    fake = torch.zeros(2).as_subclass(_CudaStandIn)
+    t.observe([fake, torch.zeros(2)])
+    assert t.cuda_data is True
+    space, _ = t._space()
+    assert space.max_workers == 0 and space.max_threads > 0
+
+
+class _CudaStandIn(torch.Tensor):
+    """A CPU tensor that says it is on a CUDA device: a stand-in, as no GPU is here."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from ..describe import contains_cuda
 from ..exceptions import CandidateInfeasible, ConfigurationError, StaleCacheWarning
 from .build import Prepared, build, build_seconds, stale_message
 from .reuse import keep_build, plan_for, stored_build
@@ -119,20 +120,10 @@ def estimate_build_s(dataset: Dataset[Any]) -> float | None:
     return build_seconds(dataset, plan) if plan.reason is None else None
 
 
-def _contains_cuda(obj: Any) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return obj.is_cuda
-    if isinstance(obj, dict):
-        return any(_contains_cuda(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return any(_contains_cuda(v) for v in obj)
-    return False
-
-
 def holds_cuda_tensors(dataset: Dataset[Any]) -> bool:
     """Whether the first sample holds a CUDA tensor (then workers would fail to share it)."""
     try:
         sample = dataset[0]
     except Exception:  # noqa: BLE001 - the measurement will raise the user's error properly
         return False
-    return _contains_cuda(sample)
+    return contains_cuda(sample)
