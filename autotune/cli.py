@@ -427,6 +427,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if args.no_cache and args.retune:
         raise UsageError("--no-cache and --retune contradict each other; give one of them")
+    if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+        # Said before tuning, not after: a finished run's results must not be lost to a typo.
+        raise UsageError(f"--plot {args.plot!r}: its folder does not exist; create it or give another path")
     device = _resolve_device(args.device)
     # With --json, stdout carries one JSON document: anything the user's code prints goes to stderr.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()

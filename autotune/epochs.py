@@ -385,6 +385,7 @@ class SearchDriver(Driver):
             self.epoch_items: int | None = len(loader._index_sampler)
         except TypeError:
             self.epoch_items = None
+        self.tuning.epoch_items = self.epoch_items
 
     def next_stretch(self) -> Stretch | None:
         t = self.tuning
@@ -472,10 +473,13 @@ class EpochIterator:
     persistent workers, ``_reset`` to start the next epoch on the same object.
     """
 
-    def __init__(self, loader: DataLoader, make_driver: Callable[[bool], Driver]) -> None:
+    def __init__(self, loader: DataLoader, make_driver: Callable[[bool], Driver], *,
+                 fresh: bool = True) -> None:
         self._loader = loader
         self._make_driver = make_driver
-        self._start_epoch(fresh=True)
+        self._last_it: Any = None
+        """The last stretch's torch iterator: its internals (``_workers``) stay readable after it."""
+        self._start_epoch(fresh=fresh)
 
     def _start_epoch(self, fresh: bool) -> None:
         self._driver = self._make_driver(fresh)
@@ -501,8 +505,9 @@ class EpochIterator:
     def __getattr__(self, name: str) -> Any:
         # torch's iterator internals (``_workers``, ...), where the current stretch's iterator has them
         stretch = self.__dict__.get("_stretch")
-        if not name.startswith("__") and stretch is not None and stretch.it is not None:
-            return getattr(stretch.it, name)
+        it = stretch.it if stretch is not None and stretch.it is not None else self.__dict__.get("_last_it")
+        if not name.startswith("__") and it is not None:
+            return getattr(it, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _open(self) -> Stretch | None:
@@ -553,6 +558,8 @@ class EpochIterator:
     def _close_stretch(self) -> None:
         stretch, self._stretch = self._stretch, None
         if stretch is not None:
+            if stretch.it is not None:
+                self._last_it = stretch.it
             stretch.close()
             self._driver.record(stretch)
 

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.utils.data as tud
+from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from . import pretransform as pt
 from .describe import dataset_length
@@ -118,7 +119,6 @@ class _Held:
         self.inner: Any = None
         self.inner_for: Candidate | None = None
         self.sampler: FeedSampler | None = None
-        self.in_use = False
 
     def drop_inner(self) -> None:
         inner, self.inner, self.inner_for, self.sampler = self.inner, None, None, None
@@ -220,12 +220,21 @@ class DataLoader(tud.DataLoader[T_co]):
         if worker_init_fn is not None and fixed.persistent_workers is None:
             # torch runs it in every new worker, every epoch: workers kept alive would skip it.
             fixed = replace(fixed, persistent_workers=False)
+        if fixed.persistent_workers and fixed.num_workers:
+            # Workers the caller keeps alive see the dataset as it was when they started, and torch
+            # never restarts them: what would need new workers is not searched.
+            fixed = replace(fixed, pin_memory=bool(literal.get("pin_memory", False)),
+                            prefetch_factor=literal.get("prefetch_factor") or 2)
+            pretransform = "none"
         if _configured is not None:
             fixed = replace(fixed, torch_threads=_configured.torch_threads,
                             leave_threads=_configured.torch_threads is None)
         self._origin = _origin()
         self._held = _Held()
-        self._epoch_iterator: EpochIterator | None = None
+        self._epoch_iterator: weakref.ref[EpochIterator] | None = None
+        """The iterator torch would keep with persistent workers (held weakly: the iterator holds
+        the loader, and a cycle would keep the workers alive until the garbage collector ran)."""
+        self._iterated = False
         self._live: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
         self._served_batches = 0
         self._seed_state: torch.Tensor | None = None
@@ -355,11 +364,13 @@ class DataLoader(tud.DataLoader[T_co]):
 
     def __iter__(self) -> EpochIterator:  # type: ignore[override]
         if self._user_persistent:  # torch keeps one iterator and resets it
-            if self._epoch_iterator is None:
-                self._epoch_iterator = self._get_iterator()
+            it = self._epoch_iterator() if self._epoch_iterator is not None else None
+            if it is None:
+                it = self._get_iterator()
+                self._epoch_iterator = weakref.ref(it)
             else:
-                self._epoch_iterator._reset(self)
-            return self._epoch_iterator
+                it._reset(self)
+            return it
         return self._get_iterator()
 
     @property
@@ -370,7 +381,11 @@ class DataLoader(tud.DataLoader[T_co]):
     def _get_iterator(self) -> EpochIterator:  # type: ignore[override]
         if self._user_workers > 0:
             self.check_worker_number_rationality()  # torch's warning, where torch gives it
-        return EpochIterator(self, self._make_driver)
+        # With persistent workers written, one iterator is reset from epoch to epoch and torch draws
+        # its base seed once: an iterator made again (the last one was dropped) draws none either.
+        fresh = not (self._user_persistent and self._iterated)
+        self._iterated = True
+        return EpochIterator(self, self._make_driver, fresh=fresh)
 
     def _make_driver(self, fresh: bool) -> Driver:
         """An epoch: its feed from the loader's own sampler and, for a new iterator (not one reset),
@@ -387,6 +402,8 @@ class DataLoader(tud.DataLoader[T_co]):
             rng = self.generator if self.generator is not None else torch.default_generator
             self._seed_state = rng.get_state()
             self._inner_loaders = 0
+            if isinstance(self.dataset, IterDataPipe):  # torch draws the datapipe's shared seed first
+                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
             torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         if feed is not None and self._user_workers > 0:
             feed.prime(self._user_workers * self._user_prefetch)
@@ -413,17 +430,25 @@ class DataLoader(tud.DataLoader[T_co]):
         """(inner loader, its sampler, whether it is the held one) for ``stretch``."""
         c = stretch.candidate
         held = self._held
-        keep = (stretch.limit is None and stretch.phase is None and not stretch.private
-                and c == self._tuning.settled and c.persistent_workers and not held.in_use)
+        if self._user_persistent:
+            # The caller keeps its workers for the run, and torch keeps the same processes: so does
+            # this loader, for every stretch (only the main process's thread count is searched).
+            keep = not stretch.private
+        else:
+            keep = (stretch.limit is None and stretch.phase is None and not stretch.private
+                    and c == self._tuning.settled and c.persistent_workers)
         if keep:
+            key = replace(c, torch_threads=None)
             prepared = getattr(held.inner, "_autotune_prepared", None)
-            if held.inner is None or held.inner_for != c or (
+            if held.inner is None or held.inner_for != key or (
                     prepared is not None and prepared.stale_reason() is not None):
                 held.drop_inner()
                 held.sampler = FeedSampler(stretch.feed)
-                held.inner, held.inner_for = self._build(c, held.sampler, stretch), c
+                held.inner, held.inner_for = self._build(c, held.sampler, stretch), key
+            else:
+                self._apply_threads(c)
             assert held.sampler is not None
-            held.sampler.feed = stretch.feed
+            held.sampler.feed, held.sampler.limit = stretch.feed, stretch.limit
             return held.inner, held.sampler, True
         sampler = FeedSampler(stretch.feed, stretch.limit) if stretch.feed is not None else None
         return self._build(c, sampler, stretch), sampler, False
@@ -437,9 +462,10 @@ class DataLoader(tud.DataLoader[T_co]):
         device = self._tuning.plan.device
         prepared = pt.prepare(self.dataset, c.pretransform, device=device,
                               memory_budget_bytes=self._tuning.plan.cache_budget())
-        # The user's own timeout wins; while exploring, a hung candidate is dropped after the batch
-        # time limit, as in the offline search.
-        timeout = self.timeout or (0.0 if stretch.phase is None else self._explore_timeout_s)
+        # The user's own timeout wins; the baseline and an unmeasured stretch wait as the user's loader
+        # would; a candidate being explored is dropped after the batch time limit if it hangs.
+        measured_candidate = stretch.phase is not None and not stretch.baseline
+        timeout = self.timeout or (self._explore_timeout_s if measured_candidate else 0.0)
         kw: dict[str, Any] = {"worker_init_fn": self.worker_init_fn,
                               "pin_memory_device": self.pin_memory_device,
                               "generator": self._inner_generator()}
@@ -456,6 +482,9 @@ class DataLoader(tud.DataLoader[T_co]):
         loader = build_loader(self.dataset, c, device=device, shuffle=False, collate_fn=self.collate_fn,
                               batch_timeout_s=timeout, prepared=prepared, **kw)
         loader._autotune_prepared = prepared
+        # torch warns when a stream yields more than its len(), once len(loader) was asked: the
+        # flag lives on the loader the user asked, so the inner one carries it over.
+        loader._IterableDataset_len_called = self._IterableDataset_len_called
         return loader
 
     def _inner_generator(self) -> torch.Generator:
@@ -481,7 +510,7 @@ class DataLoader(tud.DataLoader[T_co]):
 
     def _settle(self, c: Candidate) -> None:
         self._apply_threads(c)
-        if self._held.inner_for is not None and self._held.inner_for != c:
+        if self._held.inner_for is not None and self._held.inner_for != replace(c, torch_threads=None):
             self._held.drop_inner()
         _notify("settled", self)
 

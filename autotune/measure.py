@@ -112,7 +112,10 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
 def batch_length(batch: Any, default: int) -> int:
     """Samples in a collated batch: the leading dimension of its first tensor."""
     if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else default
+        try:
+            return int(batch.size(0)) if batch.dim() else default
+        except RuntimeError:  # a tensor whose sizes cannot be read this way (a nested one, say)
+            return default
     if isinstance(batch, dict):
         for v in batch.values():
             return batch_length(v, default)
@@ -207,8 +210,12 @@ def build_loader(
     if collate is not None:
         kwargs["collate_fn"] = collate
     if isinstance(data, IterableDataset):
+        # Left unspecified: torch's constructor would otherwise apply it to the user's datapipe,
+        # switching its own Shuffler off for good; the user's loader already applied theirs.
         shuffle = False
-    kwargs["shuffle"] = shuffle
+        kwargs["shuffle"] = None
+    else:
+        kwargs["shuffle"] = shuffle
     if candidate.num_workers > 0 and batch_timeout_s > 0:
         kwargs["timeout"] = batch_timeout_s
     if seed is not None and shuffle:

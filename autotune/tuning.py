@@ -137,6 +137,9 @@ class Tuning:
         """Why the next epoch searches again (a check or drift), or ``None``."""
         self.noise_sd = 0.0
         """The spread (standard deviation of log-scores) the last search measured."""
+        self.epoch_items: int | None = None
+        """Items an epoch has (``None``: no length); a candidate needing more than half of them for
+        one measurement is not tried."""
 
     # -- the search --------------------------------------------------------------------------------
 
@@ -201,7 +204,8 @@ class Tuning:
             space, build_s = ctx.broadcast((space, build_s) if ctx.leader else None)
         self.space = space
         self.explorer = Explorer(space, self.baseline, self.ledger, allowed_fields=self.fixed.fields(),
-                                 cache_build_s=build_s)
+                                 cache_build_s=build_s,
+                                 longest_stretch=self.epoch_items // 2 if self.epoch_items else None)
         for strategy, why in refused.items():
             self.ledger.record(replace(self.baseline, pretransform=cast(Strategy, strategy)), "online",
                                "infeasible",

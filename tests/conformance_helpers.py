@@ -782,3 +782,34 @@ def _describe(children: dict[int, psutil.Process]) -> list[str]:
         except psutil.Error:
             out.append(str(pid))
     return out
+
+
+class SlowFirst(Indexed):
+    """Sample 0 takes ``sleep_s``: longer than the drop-in's limit for a candidate's batch."""
+
+    def __init__(self, n: int, sleep_s: float) -> None:
+        super().__init__(n)
+        self.sleep_s = sleep_s
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if i == 0:
+            time.sleep(self.sleep_s)
+        return super().__getitem__(i)
+
+
+class Mutable(Indexed):
+    """Samples offset by ``start``, which the main process changes between epochs: workers kept
+    alive (persistent) keep seeing the value they started with, as with torch."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.start = 0
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        x, y = super().__getitem__(i)
+        return x + self.start, y
+
+
+def nested_collate(samples: list[Any]) -> Any:
+    """A batch of samples of their own lengths as one nested tensor, and their indices."""
+    return torch.nested.nested_tensor([torch.zeros(1 + i % 3) for _, i in samples]), [i for _, i in samples]

@@ -257,3 +257,24 @@ def test_the_baseline_is_what_the_user_runs_even_outside_the_space(monkeypatch: 
     assert result.kept_baseline and result.loader_kwargs["num_workers"] == 16
     with pytest.raises(ConfigurationError, match=r"baseline has num_workers=-1"):
         tune_loader(Remote(), batch_size=32, baseline={"num_workers": -1}, **QUICK)
+
+
+def test_a_stored_profile_with_unusable_settings_is_ignored_and_measured_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import autotune.api
+    from autotune import ProfileStoreWarning, open_store
+
+    monkeypatch.setattr(autotune.api, "measure", _LatencyStandIn())
+    args = {"batch_size": 16, "budget_s": BUDGET, "progress": False, "pretransform": "none"}
+    first = tune_loader(Remote(), **args)
+    assert first.key is not None
+    store = open_store()
+    record = store.get(first.key)
+    assert record is not None
+    record["loader_kwargs"]["num_workers"] = -3  # parses, but no loader accepts it
+    store.put(first.key, record)
+    with pytest.warns(ProfileStoreWarning, match=r"num_workers=-3 must be a non-negative integer"):
+        again = tune_loader(Remote(), **args)
+    assert not again.from_cache and again.loader_kwargs["num_workers"] >= 0
+    assert tune_loader(Remote(), **args).from_cache  # the re-measured profile replaced it

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -394,3 +395,12 @@ def test_the_baseline_is_the_settings_given_and_the_report_says_so(
     assert doc["summary"]["decision"] and "speedup_low" in doc["summary"]
     code, _, err = run(capsys, "tune", "--baseline", "num_workers=many")
     assert code == 2 and "num_workers='many': a value is an integer, True, False or None" in err
+
+
+def test_a_plot_to_a_missing_folder_is_refused_before_tuning(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    started = time.monotonic()
+    code, out, err = run(capsys, "tune", *QUICK_STEP, "--plot", str(tmp_path / "no" / "such" / "p.png"))
+    assert code == 2 and "its folder does not exist" in err and out == ""
+    assert time.monotonic() - started < 30  # refused up front, not after a whole tuning run
+    assert profile_keys(capsys) == []

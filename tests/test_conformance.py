@@ -41,9 +41,12 @@ import os
 import pickle
 import subprocess
 import threading
+import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 import torch
 import torch.utils.data as tud
@@ -61,12 +64,14 @@ from conformance_helpers import (
     Forever,
     Hung,
     Indexed,
+    Mutable,
     N,
     OpensInWorkers,
     RandomTransform,
     RecordsReaders,
     SizedStream,
     Sleeps,
+    SlowFirst,
     Stream,
     UnevenBatches,
     UnshardedStream,
@@ -82,6 +87,7 @@ from conformance_helpers import (
     leftovers,
     make,
     mark_initialised,
+    nested_collate,
     open_handle,
     readers,
     record_worker_init,
@@ -730,3 +736,87 @@ def test_property_same_index_order_while_exploring(n: int, batch_size: int, drop
                          kwargs=lambda ds, g: {"batch_size": batch_size, "drop_last": drop_last,
                                                "shuffle": shuffle, "generator": g})
     assert_same_epochs(expected, got)
+
+
+# -- what torch's own DataLoader tests check, beyond the above -------------------------------------
+
+
+def test_the_baseline_waits_as_long_as_the_user_s_loader_would(state: str) -> None:
+    # No timeout written: torch waits for a slow first batch however long it takes. The drop-in's
+    # limit for a hung candidate (batch_timeout_s, here 1 s) is never the user's own settings'.
+    def loop(loader: Any, g: Any) -> list[Any]:
+        return [canon(list(loader))]
+
+    kwargs = {"batch_size": BATCH, "num_workers": 2}
+    expected = run("torch", loop, SlowFirst(40, 2.5), kwargs=lambda ds, g: kwargs)
+    got = run(state, loop, SlowFirst(40, 2.5), kwargs=lambda ds, g: {**kwargs, "batch_timeout_s": 1.0})
+    assert_same(expected, got)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")  # torch's own notice
+def test_nested_tensor_batches_are_served(state: str) -> None:
+    def loop(loader: Any, g: Any) -> list[list[int]]:
+        return [[i for _, idx in loader for i in idx] for _ in range(2)]
+
+    expected, got = both(state, loop, lambda: Indexed(24),
+                         kwargs=lambda ds, g: {"batch_size": 4, "collate_fn": nested_collate})
+    assert_same(expected, got)
+
+
+def test_a_sized_stream_warns_past_its_length_as_torch_does(stream_state: str) -> None:
+    # Once len(loader) was asked, torch warns when a stream yields more than its length says.
+    class Longer(SizedStream):
+        def __len__(self) -> int:
+            return 10
+
+    def loop(loader: Any, g: Any) -> int:
+        len(loader)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            list(loader)
+        return sum("Length of IterableDataset" in str(w.message) for w in seen)
+
+    expected, got = both(stream_state, loop, Longer, kwargs=lambda ds, g: {"batch_size": 2})
+    assert expected > 0 and got == expected
+
+
+def test_workers_kept_alive_see_the_dataset_as_they_started(state: str) -> None:
+    # persistent_workers=True written: torch keeps the same worker processes for the run, so a change
+    # the main process makes to the dataset between epochs never reaches them.
+    def loop(loader: Any, g: Any) -> list[list[float]]:
+        out = []
+        for epoch in range(4):
+            loader.dataset.start = epoch
+            out.append(sorted(float(x[0, 0]) - float(i[0]) for x, i in loader))
+        return out
+
+    expected, got = both(state, loop, lambda: Mutable(40), kwargs=lambda ds, g: {
+        "batch_size": 4, "num_workers": 2, "persistent_workers": True})
+    assert_same(expected, got)
+
+
+def test_dropping_the_iterator_and_the_loader_ends_kept_workers_at_once(state: str) -> None:
+    loader = make(state, Indexed(40), batch_size=4, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    pids = {w.pid for w in getattr(it, "_workers", [])}
+    assert pids, "the iterator's workers are readable, as torch's are"
+    del it, loader  # no garbage collection: reference counts alone must let the workers go
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, "workers still alive after the loader and iterator were dropped"
+        time.sleep(0.1)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's datapipes announce their deprecation
+def test_a_datapipe_keeps_its_own_shuffle(stream_state: str) -> None:
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    def loop(loader: Any, g: Any) -> dict[str, Any]:
+        return {"epochs": [[int(x) for x in loader] for _ in range(3)], **rng_states(g)}
+
+    expected, got = both(stream_state, loop, lambda: IterableWrapper(range(30)).shuffle(),
+                         generator=True, kwargs=lambda ds, g: {"batch_size": None, "shuffle": True,
+                                                               "generator": g})
+    assert expected["epochs"][0] != list(range(30))  # shuffled
+    assert_same(expected, got)
