@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset
+from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from . import distributed, fingerprint, preflight, profiles
 from . import pretransform as pt
@@ -215,8 +216,11 @@ def make_plan(
         max_workers = 0
         excluded["num_workers>0"] = CUDA_DATA
         log.info("autotune: %s", CUDA_DATA)
-    if max_workers != 0 and (why := preflight.unpicklable_reason(
-            dataset, collate_fn, multiprocessing_context)) is not None:
+    # A datapipe goes to workers through dill where torch finds it; workers the caller fixed are
+    # the caller's to start, and torch says so itself if they cannot be.
+    searched = max_workers != 0 and not isinstance(dataset, IterDataPipe) and not (fixed or {}).get(
+        "num_workers")
+    if searched and (why := preflight.unpicklable_reason(dataset, collate_fn, multiprocessing_context)):
         max_workers = 0
         excluded["num_workers>0"] = why
         warnings.warn(why, AutotuneWarning, stacklevel=stacklevel + 1)
