@@ -136,7 +136,10 @@ class Prepared:
         loading pass (``fill="pass"``) completes when every sample was loaded once."""
         if isinstance(self.dataset, FillingSamples):
             return self.dataset.filler.counts()
-        n = len(self.dataset) if hasattr(self.dataset, "__len__") else 0
+        try:
+            n = len(self.dataset)
+        except TypeError:  # a stream (strategy "none"): nothing to fill
+            n = 0
         return FillCounts(n, 0, n)
 
     def filled_fraction(self) -> float:
