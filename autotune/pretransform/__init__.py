@@ -10,6 +10,9 @@ Interface used by the rest of the package (keep these names and shapes):
   collate function to use with it, the build time and the cache size. A ``ram`` build stops above
   ``memory_budget_bytes`` (None: no ceiling): the caller passes the budget it checked with
   ``strategies``.
+- ``prepare(..., fill="pass")`` (``ram`` only): the cache allocated and returned at once, filled by
+  the pass that loads the samples (NOTE [ Filling caches ] in filling.py);
+  ``Prepared.fill_counts() -> FillCounts`` and ``Prepared.filled_fraction() -> float`` say how far.
 - ``Prepared.loader_parts(collate_fn) -> (dataset, collate_fn)``: what to hand to a DataLoader, with
   or without the user's own collate function.
 - ``Prepared.stale_reason() -> str | None`` and ``Prepared.check_fresh() -> bool``: whether the cache
@@ -19,11 +22,12 @@ Interface used by the rest of the package (keep these names and shapes):
 - ``holds_cuda_tensors(dataset) -> bool``: samples already live on an accelerator (no workers then).
 
 The parts: ``choose.py`` (the interface above), ``split.py`` (a :class:`CachePlan` for a dataset:
-planning and proof), ``build.py`` (a cache built from a plan), ``reuse.py`` (plans and builds kept
-per dataset), ``steps.py`` (what is known about transform steps, and the steps that run per sample),
-``stores.py`` (fixed-shape and ragged storage), ``sources.py`` (raw-source adapters: vision datasets,
-image folders, Hugging Face tables), ``wrapped.py`` (the datasets handed to the DataLoader),
-``fresh.py`` (fingerprints of what a cache froze).
+planning and proof), ``build.py`` (a cache built from a plan), ``filling.py`` (a cache filled by the
+pass that loads the samples), ``reuse.py`` (plans and builds kept per dataset), ``steps.py`` (what is
+known about transform steps, and the steps that run per sample), ``stores.py`` (fixed-shape and
+ragged storage), ``sources.py`` (raw-source adapters: vision datasets, image folders, Hugging Face
+tables), ``wrapped.py`` (the datasets handed to the DataLoader), ``fresh.py`` (fingerprints of what a
+cache froze).
 
 # NOTE [ Pre-transform split ]
 # A sample is ``transform(raw)`` (plus untouched fields such as the target). The transform pipeline
@@ -56,10 +60,13 @@ image folders, Hugging Face tables), ``wrapped.py`` (the datasets handed to the 
 """
 
 from .build import Prepared
-from .choose import STRATEGIES, estimate_build_s, holds_cuda_tensors, prepare, strategies
+from .choose import FILLS, STRATEGIES, estimate_build_s, holds_cuda_tensors, prepare, strategies
+from .filling import FillCounts
 from .reuse import clear_builds
 
 __all__ = [
+    "FILLS",
+    "FillCounts",
     "Prepared",
     "STRATEGIES",
     "clear_builds",

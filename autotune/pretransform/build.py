@@ -7,11 +7,13 @@ wrapped dataset (``wrapped.py``) as a :class:`Prepared`, with what it froze (NOT
 
 from __future__ import annotations
 
+import copy
+import math
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -19,17 +21,39 @@ from torch.utils.data import DataLoader
 
 from ..exceptions import CandidateInfeasible, ShapeChanged, StaleCacheWarning
 from ..machine import usable_cpu_count
+from .filling import (
+    EMPTY,
+    Completing,
+    FillCounts,
+    Filler,
+    FillingBatches,
+    FillingSamples,
+    Picked,
+    filling_wrapper,
+)
 from .split import (
     CachePlan,
     PrefixView,
     apply_field,
     fingerprint,
     probe_indices,
+    prove,
     rng_preserved,
     stale_reason,
     wrap_table,
 )
-from .stores import ProgressFn, as_ragged, fill, fmt_bytes, is_ragged, log, mismatch, stack, tensor_types
+from .stores import (
+    RAGGED_KINDS,
+    ProgressFn,
+    as_ragged,
+    fill,
+    fmt_bytes,
+    is_ragged,
+    log,
+    mismatch,
+    stack,
+    tensor_types,
+)
 from .wrapped import Unbatched, already_collated, wrap_fields
 
 STAGING_BYTES = 64 * 2**20
@@ -94,12 +118,34 @@ class Prepared:
         pass-through collate). With one: the user's function receives exactly the list of samples
         the original dataset would give (same types: ints stay ints), built from a batched gather
         unbound into samples, or per sample where the cache runs a random rest per sample.
+        A cache filled by the loading pass (``fill="pass"``) gives the wrapper that fills it until it
+        is complete, and the built cache's wrapper from then on (NOTE [ Filling caches ]).
         """
+        dataset = self.dataset
+        if isinstance(dataset, FillingSamples) and dataset.filler.counts().complete:
+            dataset = dataset.cached
         if collate_fn is None:
-            return self.dataset, self.collate_fn
-        if self.collate_fn is None or not hasattr(self.dataset, "__getitems__"):
-            return self.dataset, collate_fn
-        return Unbatched(self.dataset), collate_fn
+            return dataset, self.collate_fn
+        if self.collate_fn is None or not hasattr(dataset, "__getitems__"):
+            return dataset, collate_fn
+        return Unbatched(dataset), collate_fn
+
+    def fill_counts(self) -> FillCounts:
+        """How far the cache is filled: samples stored, those it cannot hold, and why filling stopped
+        early, if it did. A built cache (and ``none``) is complete from the start; one filled by the
+        loading pass (``fill="pass"``) completes when every sample was loaded once."""
+        if isinstance(self.dataset, FillingSamples):
+            return self.dataset.filler.counts()
+        try:
+            n = len(self.dataset)
+        except TypeError:  # a stream (strategy "none"): nothing to fill
+            n = 0
+        return FillCounts(n, 0, n)
+
+    def filled_fraction(self) -> float:
+        """The share of the samples the cache holds (1.0 for a built cache)."""
+        counts = self.fill_counts()
+        return counts.filled / counts.total if counts.total else 1.0
 
     def stale_reason(self) -> str | None:
         """What changed since the cache was built (a frozen step's parameter, the raw data), or None.
@@ -159,6 +205,79 @@ def build(
         detail=detail,
         freshness=Freshness(dataset, plan),
     )
+
+
+def fill_in_pass(dataset: Any, plan: CachePlan, *, memory_budget_bytes: int | None) -> Prepared:
+    """A ``ram`` cache for ``plan`` allocated now and filled by the pass that loads the samples
+    (NOTE [ Filling caches ]). Raises ``CandidateInfeasible`` when it cannot fit the budget, or when
+    the filling wrapper does not reproduce the dataset on the probes.
+    """
+    t0 = time.perf_counter()
+    if plan.source is not None:
+        view = PrefixView(plan.source, plan.prefix, plan.field)
+    else:  # whole samples: read from a shallow copy, so that the stored cache does not keep the
+        try:  # user's dataset alive (reuse.py)
+            view = PrefixView(copy.copy(dataset), (), None)
+        except Exception as err:  # noqa: BLE001 - slots, properties, odd classes
+            raise CandidateInfeasible(
+                f"pretransform='ram' (fill='pass'): the dataset could not be copied to read its samples"
+                f" later ({type(err).__name__}: {err}); build the cache before use (fill='build')"
+            ) from err
+    expected = plan.estimate()
+    fixed = sum(
+        plan.length * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        for kind, shape, dtype in plan.layout if kind not in RAGGED_KINDS
+    )
+    capacity = 0
+    if is_ragged(plan.layout):
+        capacity = int(RAGGED_HEADROOM * (expected.mean + expected.spread) * plan.length)
+        if memory_budget_bytes is not None:
+            capacity = min(capacity, memory_budget_bytes - fixed)
+    if memory_budget_bytes is not None and expected.total > memory_budget_bytes:
+        raise CandidateInfeasible(
+            f"a cache would need ~{fmt_bytes(expected.total)} ({expected.describe()}), over the memory"
+            f" budget of {fmt_bytes(memory_budget_bytes)}"
+        )
+    indices = probe_indices(plan.length)
+    probes = Picked(view, indices)
+    if not prove(dataset, plan, indices, _filling(probes, plan, len(indices), capacity, share=False)):
+        raise CandidateInfeasible(
+            "pretransform='ram' (fill='pass'): the cache filled while loading gave other samples than"
+            " the dataset on the probes; build it before use (fill='build')"
+        )
+    wrapped = _filling(view, plan, plan.length, capacity, share=True)
+    plan.fingerprint = fingerprint(dataset, plan)  # what the cache freezes is what it is now
+    reserved = fixed + capacity
+    detail = f"{plan.detail}; filled as samples are loaded ({fmt_bytes(reserved)} reserved)"
+    return Prepared(
+        dataset=wrapped,
+        strategy="ram",
+        collate_fn=already_collated if isinstance(wrapped, FillingBatches) else None,
+        build_s=time.perf_counter() - t0,
+        nbytes=reserved,
+        detail=detail,
+        freshness=Freshness(dataset, plan),
+    )
+
+
+def _filling(view: Any, plan: CachePlan, n: int, capacity: int, *, share: bool) -> FillingSamples:
+    filler = Filler(view, plan.layout, n, tensor_types(plan.probe[0]), capacity_bytes=capacity, share=share)
+    return filling_wrapper(filler, wrap_fields(filler.fields, plan.layout, plan), plan.suffix, plan.field)
+
+
+def complete_filling(prepared: Prepared) -> Prepared:
+    """``prepared`` (filled by the loading pass) with every sample it can hold stored now, in worker
+    processes where that pays as a build does; its ``build_s`` then says how long that took."""
+    wrapper = prepared.dataset
+    if not isinstance(wrapper, FillingSamples) or wrapper.filler.counts().stopped is not None:
+        return prepared  # built; or filling stopped, and what is missing is served from the source
+    t0 = time.perf_counter()
+    flags = wrapper.filler.flags
+    missing = torch.nonzero(flags == EMPTY).flatten().tolist()
+    if missing:
+        for _ in _read(Completing(wrapper, missing), len(missing)):
+            pass
+    return replace(prepared, build_s=prepared.build_s + time.perf_counter() - t0)
 
 
 def build_seconds(dataset: Any, plan: CachePlan) -> float:

@@ -10,12 +10,15 @@ from torch.utils.data import Dataset
 
 from ..describe import contains_cuda
 from ..exceptions import CandidateInfeasible, ConfigurationError, StaleCacheWarning
-from .build import Prepared, build, build_seconds, stale_message
+from .build import Prepared, build, build_seconds, complete_filling, fill_in_pass, stale_message
 from .reuse import keep_build, plan_for, stored_build
 from .split import CachePlan
 from .stores import ProgressFn, fmt_bytes, is_ragged
 
 STRATEGIES = ("none", "ram", "device")
+
+FILLS = ("build", "pass")
+"""How a cache is filled: built before it is used, or by the pass that loads the samples."""
 
 RAM_ONLY = (
     "samples of their own sizes (decoded images) are cached in RAM only; use pretransform='ram'"
@@ -70,6 +73,7 @@ def prepare(
     device: torch.device,
     memory_budget_bytes: int | None = None,
     progress: ProgressFn | None = None,
+    fill: str = "build",
 ) -> Prepared:
     """The dataset to load with ``strategy``; a cache is built once per process and dataset.
 
@@ -81,11 +85,29 @@ def prepare(
     ``memory_budget_bytes`` (None: no ceiling); ``progress`` is called with (samples done, samples in
     all) while it runs. Raises ``ConfigurationError`` for an unknown strategy and
     ``CandidateInfeasible`` when the dataset cannot be cached.
+
+    ``fill="pass"`` (``ram`` only) builds nothing: the cache is allocated, sized from the plan's
+    estimate within the budget, and returned at once, and each sample is stored the first time a
+    DataLoader over ``Prepared.dataset`` loads it, by whichever process loads it (NOTE [ Filling
+    caches ]): one epoch fills it (``Prepared.fill_counts``), and every sample, stored or not, is the
+    dataset's own. A second call returns the same cache, however far it is filled; a ``fill="build"``
+    call on a cache still filling stores the rest now. A Hugging Face table is built before use
+    either way (its cached rows are rebuilt from columns read in one pass).
     """
     if strategy not in STRATEGIES:
         raise ConfigurationError(
             f"pretransform={strategy!r} is not a pre-transform strategy; use one of {STRATEGIES}"
             " ('none' runs the transform per sample as given)."
+        )
+    if fill not in FILLS:
+        raise ConfigurationError(
+            f"fill={fill!r} is not a way to fill a cache; use 'build' (before use) or 'pass' (by the"
+            " pass that loads the samples)."
+        )
+    if fill == "pass" and strategy == "device":
+        raise ConfigurationError(
+            "fill='pass' fills a cache from the worker processes that load the samples, which a"
+            " 'device' cache does not have; use fill='build' with pretransform='device'."
         )
     if strategy == "none":
         return Prepared(dataset=dataset, strategy="none")
@@ -95,6 +117,10 @@ def prepare(
     plan, stale = plan_for(dataset)
     if stored is not None:
         if stored[0] is plan:
+            if fill == "build" and not stored[1].fill_counts().complete:
+                completed = complete_filling(stored[1])
+                keep_build(dataset, key, plan, completed)
+                return completed
             return stored[1]
         if stale is not None:
             warnings.warn(stale_message(strategy, stale), StaleCacheWarning, stacklevel=2)
@@ -102,10 +128,13 @@ def prepare(
         raise CandidateInfeasible(f"pretransform={strategy!r}: {plan.reason}")
     if strategy == "device" and (plan.table is not None or is_ragged(plan.layout)):
         raise CandidateInfeasible(f"pretransform='device': {RAM_ONLY}")
-    prepared = build(
-        dataset, plan, strategy, device=device,
-        memory_budget_bytes=memory_budget_bytes if strategy == "ram" else None, progress=progress,
-    )
+    if fill == "pass" and plan.table is None:
+        prepared = fill_in_pass(dataset, plan, memory_budget_bytes=memory_budget_bytes)
+    else:
+        prepared = build(
+            dataset, plan, strategy, device=device,
+            memory_budget_bytes=memory_budget_bytes if strategy == "ram" else None, progress=progress,
+        )
     keep_build(dataset, key, plan, prepared)
     return prepared
 

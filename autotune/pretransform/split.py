@@ -225,9 +225,11 @@ def wrap_table(plan: CachePlan, rows: Any, *, share: bool, **fill_kwargs: Any) -
     return CachedRows(table.columns, images, others, table.transform, len(fields[0]))
 
 
-def _prove(dataset: Any, plan: CachePlan, indices: Sequence[int]) -> bool:
-    """Whether the wrapped dataset built from the probes reproduces ``dataset`` exactly."""
-    wrapped = wrap_probes(plan)
+def prove(dataset: Any, plan: CachePlan, indices: Sequence[int], wrapped: Any = None) -> bool:
+    """Whether the wrapped dataset built from the probes (``wrap_probes``, or ``wrapped``: item ``j``
+    standing for ``dataset[indices[j]]``) reproduces ``dataset`` exactly."""
+    if wrapped is None:
+        wrapped = wrap_probes(plan)
     k = min(CHECK_SAMPLES, len(indices))
     with rng_preserved():
         for seed in CHECK_SEEDS:
@@ -393,7 +395,7 @@ def make_cache_plan(dataset: Any) -> CachePlan:
                 for plan in _split(dataset, source, indices, field):
                     if (reason := _layout_reason(plan)) is not None:
                         reasons.append(reason)
-                    elif _prove(dataset, plan, indices):
+                    elif prove(dataset, plan, indices):
                         plan.fingerprint = fingerprint(dataset, plan)
                         return plan
         # The whole sample as the unit, when dataset[i] itself is deterministic.
@@ -407,7 +409,7 @@ def make_cache_plan(dataset: Any) -> CachePlan:
                 reasons.insert(0, reason)
             elif (reason := _layout_reason(plan)) is not None:
                 reasons.insert(0, reason)  # the whole sample's layout says most
-            elif _prove(dataset, plan, indices):
+            elif prove(dataset, plan, indices):
                 plan.fingerprint = fingerprint(dataset, plan)
                 return plan
     except Exception as err:  # noqa: BLE001 - the `none` measurement raises the user's error itself
@@ -437,7 +439,7 @@ def _table_plan(dataset: Any, indices: list[int], n: int) -> CachePlan:
             layout_reason = layout_of([row[c]])[1]
             if layout_reason:
                 return CachePlan(f"column {c!r}: {layout_reason.replace('each sample', 'its image')}")
-    if not _prove(dataset, plan, indices):
+    if not prove(dataset, plan, indices):
         return CachePlan(
             "the table's transform gave different outputs on cached rows than on the table's own"
             " (it may depend on more than the row's values): nothing cached"

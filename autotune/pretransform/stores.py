@@ -249,12 +249,17 @@ class RaggedColumn:
         flat, offsets, shapes = (t.clone() for t in self.tensors())
         return RaggedColumn(flat, offsets, shapes, self.kind, self.subclass)
 
+    def span(self, index: int) -> tuple[int, int]:
+        """Where sample ``index`` (in range, not negative) lies in the flat buffer."""
+        start, stop = self.offsets[index : index + 2].tolist()
+        return start, stop
+
     def get(self, index: int) -> Any:
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"index {index} is out of range for a cache of {n} samples")
         index %= n
-        start, stop = self.offsets[index : index + 2].tolist()
+        start, stop = self.span(index)
         shape = [d for d in self.shapes[index].tolist() if d >= 0]
         view = self.flat[start:stop].view(shape)
         if self.kind == "pil":
@@ -264,7 +269,76 @@ class RaggedColumn:
         return view.clone().as_subclass(self.subclass)
 
 
-def _as_tensor(value: Any, kind: str) -> torch.Tensor:
+class FilledColumn(RaggedColumn):
+    """A ragged column filled in any order, by several processes (NOTE [ Filling caches ]).
+
+    Each sample has its (start, stop) in the flat buffer and its shape; ``cursor`` (shared) is where
+    the next sample's space begins. Space is reserved under the filler's lock (``reserve``), written
+    outside it (``write``), and the sample recorded under it again (``record``). A sample's span and
+    shape mean something only once the filler's flag says it is filled.
+    """
+
+    def __init__(
+        self, flat: torch.Tensor, spans: torch.Tensor, shapes: torch.Tensor, cursor: torch.Tensor,
+        kind: str, subclass: type = torch.Tensor,
+    ) -> None:
+        super().__init__(flat, spans, shapes, kind, subclass)
+        self.spans, self.cursor = spans, cursor
+
+    @classmethod
+    def empty(
+        cls, n: int, dtype: torch.dtype, capacity_bytes: int, kind: str, subclass: type, share: bool
+    ) -> FilledColumn:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        numel = max(1, capacity_bytes // itemsize)
+        flat = shared_empty(numel, dtype) if share else torch.empty(numel, dtype=dtype)
+        spans = torch.zeros((n, 2), dtype=torch.int64)
+        shapes = torch.full((n, MAX_NDIM), -1, dtype=torch.int64)
+        cursor = torch.zeros(1, dtype=torch.int64)
+        if share:
+            spans, shapes, cursor = spans.share_memory_(), shapes.share_memory_(), cursor.share_memory_()
+        return cls(flat, spans, shapes, cursor, kind, subclass)
+
+    def span(self, index: int) -> tuple[int, int]:
+        start, stop = self.spans[index].tolist()
+        return start, stop
+
+    @property
+    def nbytes(self) -> int:
+        used = int(self.cursor[0]) * self.flat.element_size()
+        return used + sum(t.numel() * t.element_size() for t in (self.spans, self.shapes))
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes the flat buffer can hold (pages never written take no memory)."""
+        return self.flat.numel() * self.flat.element_size()
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.flat[: int(self.cursor[0])], self.spans, self.shapes)
+
+    def clone(self) -> FilledColumn:
+        flat, spans, shapes = (t.clone() for t in self.tensors())
+        return FilledColumn(flat, spans, shapes, self.cursor.clone(), self.kind, self.subclass)
+
+    def fits(self, numel: int) -> bool:
+        return int(self.cursor[0]) + numel <= self.flat.numel()
+
+    def reserve(self, numel: int) -> int:
+        """Space for ``numel`` more items (that ``fits``): where it starts. Under the lock."""
+        start = int(self.cursor[0])
+        self.cursor[0] = start + numel
+        return start
+
+    def write(self, start: int, value: torch.Tensor) -> None:
+        self.flat[start : start + value.numel()].copy_(value.reshape(-1))
+
+    def record(self, index: int, start: int, value: torch.Tensor) -> None:
+        """Sample ``index`` lies at ``start`` with ``value``'s shape. Under the lock."""
+        self.spans[index, 0], self.spans[index, 1] = start, start + value.numel()
+        self.shapes[index, : value.dim()] = torch.tensor(value.shape, dtype=torch.int64)
+
+
+def as_tensor(value: Any, kind: str) -> torch.Tensor:
     if kind == "pil":
         return torch.from_numpy(np.array(value))  # a writable copy of the pixels
     if kind == "ndarray":
@@ -361,7 +435,7 @@ def fill(
         for k, value in enumerate(list(sample) if is_seq else [sample]):
             kind = layout[k][0]
             if k in writers:
-                writers[k].put(i, _as_tensor(value, kind))
+                writers[k].put(i, as_tensor(value, kind))
             else:
                 fixed[k][i] = value
         count = i + 1

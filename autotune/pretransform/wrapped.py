@@ -179,8 +179,9 @@ class Unbatched(Dataset[Any]):
     the batch, number fields as Python numbers).
     """
 
-    def __init__(self, batches: CachedSamples) -> None:
+    def __init__(self, batches: Any) -> None:
         self.batches = batches
+        """A ``CachedSamples`` that gathers batches, or a ``FillingBatches`` filling one."""
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -190,7 +191,10 @@ class Unbatched(Dataset[Any]):
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         cached = self.batches
-        batch = cached.__getitems__(indices)  # type: ignore[attr-defined]
+        ready = getattr(cached, "ready", None)  # a cache still filling (NOTE [ Filling caches ])
+        if ready is not None and not ready(indices):
+            return [cached[i] for i in indices]  # a sample it cannot hold: per sample, as the original
+        batch = cached.__getitems__(indices)
         fields = batch if cached.is_seq is not None else [batch]
         columns: list[list[Any]] = []
         for k, (data, kind) in enumerate(zip(fields, cached.kinds, strict=True)):
