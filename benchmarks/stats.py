@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from autotune.decide import CONFIDENCE, t_quantile
+from autotune.decide import CONFIDENCE, interval_label, t_quantile
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Interval:
     def text(self) -> str:
         if self.rounds < 2:
             return f"{self.ratio:.2f}x (one round: no interval)"
-        return f"{self.ratio:.2f}x ({self.confidence:.0%} interval {self.low:.2f}-{self.high:.2f}x)"
+        return f"{self.ratio:.2f}x ({interval_label(self.confidence)} {self.low:.2f}-{self.high:.2f}x)"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
