@@ -315,8 +315,12 @@ class Stretch:
         return False
 
     def _build_s(self) -> float:
+        """What building the candidate's cache cost (a stretch that only loads through a filling
+        cache has none of its own)."""
         prepared = getattr(self.inner, "_autotune_prepared", None)
-        return float(prepared.build_s) if prepared is not None and prepared.strategy != "none" else 0.0
+        if prepared is None or self.candidate.pretransform == "none":
+            return 0.0
+        return float(prepared.build_s)
 
     def close(self) -> None:
         """Stop the inner iterator (a held, persistent one stays), give back what was not served."""

@@ -460,8 +460,17 @@ class DataLoader(tud.DataLoader[T_co]):
         elif c.num_workers:
             c = replace(c, in_order=c.in_order and self.in_order)
         device = self._tuning.plan.device
-        prepared = pt.prepare(self.dataset, c.pretransform, device=device,
-                              memory_budget_bytes=self._tuning.plan.cache_budget())
+        t = self._tuning
+        filling = t.filling_pass() if stretch.feed is not None else None
+        if c.pretransform == "ram" or filling is not None:
+            # The ram cache, filled by the samples this epoch loads anyway (NOTE [ Filling caches ]):
+            # while it fills, every stretch loads through it; once full, a ram candidate reads it.
+            prepared = pt.prepare(self.dataset, "ram", device=device,
+                                  memory_budget_bytes=t.plan.cache_budget(), fill="pass")
+            t.filling = prepared
+        else:
+            prepared = pt.prepare(self.dataset, c.pretransform, device=device,
+                                  memory_budget_bytes=t.plan.cache_budget())
         # The user's own timeout wins; the baseline and an unmeasured stretch wait as the user's loader
         # would; a candidate being explored is dropped after the batch time limit if it hangs.
         measured_candidate = stretch.phase is not None and not stretch.baseline

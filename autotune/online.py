@@ -110,6 +110,8 @@ class Explorer:
     """The estimated build time of a cache (``None``: unknown or no cache applies)."""
     longest_stretch: int | None = None
     """Items one measured stretch may take (a share of the epoch); ``None``: no bound."""
+    cache_ready: bool = True
+    """Whether a ram cache that fills from the loading pass is full enough to be measured."""
     queue: list[Candidate] = field(default_factory=list)
     phase: Phase = "baseline"
     loss_s: float = 0.0
@@ -162,6 +164,18 @@ class Explorer:
         ex.finalists = [settled, baseline]
         ex.rounds = [[settled, baseline] if r % 2 == 0 else [baseline, settled]
                      for r in range(RECHECK_ROUNDS)]
+        return ex
+
+    @classmethod
+    def challenge(cls, space: SearchSpace, baseline: Candidate, candidates: list[Candidate],
+                  ledger: Ledger) -> Explorer:
+        """``candidates`` (a cache filled since the search, and the settled choice) and the baseline
+        in RECHECK_ROUNDS rotated rounds, decided by the same rule (NOTE 5)."""
+        ex = cls(space, baseline, ledger, phase="final", estimated=True, neighbours_tried=True,
+                 caches_tried=True, threads_tried=True)
+        ex.finalists = [*dict.fromkeys(candidates), baseline]
+        first = list(dict.fromkeys([*candidates, baseline]))
+        ex.rounds = [first[r % len(first):] + first[:r % len(first)] for r in range(RECHECK_ROUNDS)]
         return ex
 
     # -- what was seen -----------------------------------------------------------------------------
@@ -235,7 +249,7 @@ class Explorer:
         if not self.neighbours_tried:
             self.neighbours_tried = True
             self.queue.extend(self._neighbours())
-        if not self.queue and not self.caches_tried:
+        if not self.queue and not self.caches_tried and self.cache_ready:
             self.caches_tried = True
             self.queue.extend(self._caches())
         if not self.queue and not self.threads_tried:
@@ -296,21 +310,30 @@ class Explorer:
         step_bound = m.samples_per_s / max(1e-9, 1.0 - m.wait_fraction)  # no waiting at all
         to_win = self.ledger.epochs * n * (1.0 / m.samples_per_s - 1.0 / step_bound)
         out: list[Candidate] = []
-        for strategy in ("ram", "device"):
-            if strategy not in self.space.pretransforms:
-                continue
-            cached = self.conform(replace(self.baseline, pretransform=strategy, num_workers=0))
-            if self.cache_build_s is not None and self.cache_build_s > to_win:
+        for cached in self.cache_candidates():
+            build_s = self.cache_build_s if cached.pretransform == "device" else None
+            if build_s is not None and build_s > to_win:
                 self.ledger.record(cached, "online", "infeasible", reason=(
-                    f"pretransform={strategy!r}: its build (~{self.cache_build_s:.1f} s) would cost more"
+                    f"pretransform='device': its build (~{build_s:.1f} s) would cost more"
                     f" than waiting for data costs the best configuration over {self.ledger.epochs}"
                     f" epochs (~{to_win:.1f} s)"))
                 continue
             out.append(cached)
+        return out
+
+    def cache_candidates(self) -> list[Candidate]:
+        """The caches, read in the main process, and the ram cache also by one thread worker (the
+        random rest of the transform may still want one)."""
+        out: list[Candidate] = []
+        for strategy in ("ram", "device"):
+            if strategy not in self.space.pretransforms:
+                continue
+            cached = self.conform(replace(self.baseline, pretransform=strategy, num_workers=0))
+            out.append(cached)
             if strategy == "ram" and self.space.max_threads > 0:
                 out.append(self.conform(replace(cached, num_workers=1, worker_kind="thread",
                                                 prefetch_factor=2)))
-        return [c for c in out if self.allowed(c)]
+        return [c for c in dict.fromkeys(out) if self.allowed(c)]
 
     def _threads_around(self, best: Candidate) -> list[Candidate]:
         current = best.torch_threads or torch.get_num_threads()

@@ -30,6 +30,7 @@ from . import profiles
 from .decide import Decision, Ledger, TrialRecord
 from .describe import contains_cuda
 from .distributed import reduce_measurements
+from .exceptions import CandidateError
 from .measure import Measurement
 from .online import (
     MAX_STRETCH_FRACTION,
@@ -65,6 +66,10 @@ DRIFT_EPOCHS = 2
 
 MIN_EPOCHS_BETWEEN_SEARCHES = 3
 """Epochs at least from one search (or check) to the next."""
+
+FILLED_ENOUGH = 0.98
+"""A cache filled this far is measured as a cache: samples an epoch skips (drop_last) or that its
+layout cannot hold are served from the source, correctly, at a negligible cost."""
 
 LOAD_CHANGE = 0.5
 """A stored choice is measured again when the load per CPU differs by more than this from when it
@@ -137,6 +142,10 @@ class Tuning:
         """Why the next epoch searches again (a check or drift), or ``None``."""
         self.noise_sd = 0.0
         """The spread (standard deviation of log-scores) the last search measured."""
+        self.filling: pt.Prepared | None = None
+        """The ram cache filled by the loading pass, where one applies."""
+        self.challenged = False
+        """Whether the filled cache was measured against the settled choice already."""
         self.epoch_items: int | None = None
         """Items an epoch has (``None``: no length); a candidate needing more than half of them for
         one measurement is not tried."""
@@ -154,7 +163,22 @@ class Tuning:
     def next_candidate(self) -> tuple[Candidate, Any] | None:
         if self.explorer is None:
             return (self.baseline, "baseline") if not self.ledger.records else None
+        self.explorer.cache_ready = self.cache_ready()
         return self.explorer.next()
+
+    def cache_ready(self) -> bool:
+        """Whether the ram cache holds (nearly) every sample: only then is it measured as a cache
+        (while it fills, a stretch through it costs about an uncached one)."""
+        if self.filling is None:
+            return True
+        counts = self.filling.fill_counts()
+        return counts.complete or (counts.total > 0 and counts.filled >= FILLED_ENOUGH * counts.total)
+
+    def filling_pass(self) -> pt.Prepared | None:
+        """The ram cache while it fills (every stretch of the epoch loads through it), else None."""
+        if self.filling is None or self.cache_ready():
+            return None
+        return self.filling
 
     def observe(self, item: Any) -> None:
         """The first item served: data already on an accelerator rules out worker processes (it is
@@ -199,17 +223,33 @@ class Tuning:
     def _start_search(self) -> None:
         space, refused = self._space()
         ctx = self.plan.dist
-        build_s = pt.estimate_build_s(self.plan.dataset) if set(space.pretransforms) - {"none"} else None
+        # A ram cache fills from the samples the epoch loads anyway (NOTE [ Filling caches ]): it
+        # costs no build. The device cache is still built, and its build is weighed.
+        build_s = pt.estimate_build_s(self.plan.dataset) if "device" in space.pretransforms else None
         if ctx is not None:  # rank 0's view, so that every rank explores the same space
             space, build_s = ctx.broadcast((space, build_s) if ctx.leader else None)
+        if "ram" in space.pretransforms and self.filling is None:
+            try:
+                self.filling = pt.prepare(self.plan.dataset, "ram", device=self.plan.device,
+                                          memory_budget_bytes=self.plan.cache_budget(), fill="pass")
+            except CandidateError as err:
+                refused["ram"] = str(err)
+                space = replace(space, pretransforms=tuple(p for p in space.pretransforms if p != "ram"))
         self.space = space
         self.explorer = Explorer(space, self.baseline, self.ledger, allowed_fields=self.fixed.fields(),
                                  cache_build_s=build_s,
                                  longest_stretch=self.epoch_items // 2 if self.epoch_items else None)
+        self.explorer.cache_ready = self.cache_ready()
         for strategy, why in refused.items():
             self.ledger.record(replace(self.baseline, pretransform=cast(Strategy, strategy)), "online",
                                "infeasible",
                                reason=f"pretransform={strategy!r}: {why}")
+
+    def _cache_candidates(self) -> list[Candidate]:
+        """The ram cache read in the main process and by one thread worker, as the search tries it."""
+        assert self.space is not None
+        probe = Explorer(self.space, self.baseline, Ledger(None, 1), allowed_fields=self.fixed.fields())
+        return [c for c in probe.cache_candidates() if c.pretransform == "ram"]
 
     def _space(self) -> tuple[SearchSpace, dict[str, str]]:
         plan = self.plan
@@ -383,7 +423,21 @@ class Tuning:
                             f" {self.reference_wait:.0%} when it settled; exploring again")
 
     def begin_epoch(self) -> None:
-        """Start what a check or a drift asked for, at an epoch boundary."""
+        """Start what a check, a drift or a filled cache asked for, at an epoch boundary."""
+        if (self.pending is None and self.settled is not None and not self.challenged
+                and self.filling is not None and self.cache_ready() and self.space is not None
+                and self.settled.pretransform != "ram"):
+            self.challenged = True
+            cached = [c for c in self._cache_candidates() if c != self.settled]
+            if cached:
+                settled, self.settled = self.settled, None
+                log.info("autotune: the loader at %s has filled its cache; measuring it against %s",
+                         self.origin, settled.label())
+                self.search_epochs = 0
+                self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
+                self.explorer = Explorer.challenge(self.space, self.baseline, [*cached, settled],
+                                                   self.ledger)
+            return
         if self.pending is None or self.settled is None:
             return
         why, self.pending = self.pending, None

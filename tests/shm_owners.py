@@ -28,13 +28,20 @@ def _tree() -> set[int]:
 
 
 def _mapped_by(path: str, tree: set[int], *, inside: bool = False) -> bool:
-    """Whether a live process outside ``tree`` (``inside``: in it) maps ``path``."""
+    """Whether a live process outside ``tree`` (``inside``: in it) maps ``path``: by its inode, as a
+    semaphore is mapped under the temporary name glibc created it with."""
+    try:
+        inode = str(os.stat(path).st_ino)
+    except OSError:
+        return False
     for pid in psutil.pids():
         if (pid in tree) != inside:
             continue
         with contextlib.suppress(OSError), open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
-            if path in f.read():
-                return True
+            for line in f:
+                fields = line.split(None, 5)
+                if len(fields) > 5 and fields[4] == inode and "/dev/shm/" in fields[5]:
+                    return True
     return False
 
 

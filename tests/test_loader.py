@@ -91,7 +91,8 @@ def test_it_is_a_torch_dataloader_with_torch_s_attributes() -> None:
 @pytest.mark.parametrize("epochs", [3])
 def test_every_sample_once_per_epoch_while_exploring_and_settled(epochs: int, no_leaked_children) -> None:
     ds = Remote(1024)
-    with DataLoader(ds, batch_size=16, shuffle=True, cache=False) as loader:
+    # No cache here (its filling pass and later measurement are the next test's subject).
+    with DataLoader(ds, batch_size=16, shuffle=True, cache=False, pretransform="none") as loader:
         orders = []
         for _ in range(epochs):
             seen = _epoch(loader)
@@ -107,6 +108,29 @@ def test_every_sample_once_per_epoch_while_exploring_and_settled(epochs: int, no
         assert result.trials[0].phase == "baseline" and result.trials[0].candidate.num_workers == 0
         assert result.baseline_kwargs == {"batch_size": 16, "num_workers": 0, "pin_memory": False}
         assert loader.settled and result.speedup is not None and result.decision
+
+
+def test_a_ram_cache_fills_from_the_epochs_and_is_then_measured(no_leaked_children) -> None:
+    # The deterministic part of each sample is stored by the pass that loads it anyway: no blocking
+    # build, every sample once per epoch, and once the cache is full its candidates are measured
+    # against the choice and the baseline (which one wins is a measurement: not asserted).
+    from autotune.workloads import CIFAR10Like, cifar_train_transform
+
+    ds = CIFAR10Like(1536, transform=cifar_train_transform())
+    seen: list[Counter[int]] = []
+    with DataLoader(ds, batch_size=32, shuffle=True, cache=False, epochs=8) as loader:
+        for _ in range(5):
+            counts: Counter[int] = Counter()
+            for x, y in loader:
+                assert x.shape[1:] == (3, 32, 32)
+                counts.update(y.tolist())
+            seen.append(counts)
+        tuning, filling = loader.tuning, loader._tuning.filling
+    assert all(sum(c.values()) == len(ds) for c in seen)
+    assert filling is not None and filling.filled_fraction() == 1.0
+    assert tuning is not None
+    ram = [t for t in tuning.trials if t.candidate.pretransform == "ram"]
+    assert ram and all(t.measurement is None or t.measurement.build_s < 5.0 for t in ram)
 
 
 def test_the_order_is_the_sampler_s_while_exploring(no_leaked_children) -> None:
