@@ -196,7 +196,6 @@ def _quick(script: str, out: Path, *args: str) -> subprocess.CompletedProcess[st
     return proc
 
 
-@pytest.mark.slow
 def test_training_quick_run_records_both_modes_and_stops_its_hog(tmp_path: Path) -> None:
     from benchmarks import training
 
@@ -222,7 +221,6 @@ def test_training_quick_run_records_both_modes_and_stops_its_hog(tmp_path: Path)
     assert "Quick mode" in report and "| no-gain | loaded |" in report
 
 
-@pytest.mark.slow
 def test_run_seed_quick_run_checks_the_reported_speedup_for_both_scripts(tmp_path: Path) -> None:
     from benchmarks import run_seed
 
@@ -240,7 +238,6 @@ def test_run_seed_quick_run_checks_the_reported_speedup_for_both_scripts(tmp_pat
     assert "Quick mode" in report and "## 4. The reported speed-up" in report
 
 
-@pytest.mark.slow
 def test_repeat_quick_run_tunes_and_remeasures_with_both_drivers(tmp_path: Path) -> None:
     from benchmarks import repeat
 
