@@ -38,7 +38,15 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import pretransform as pt
-from .exceptions import CandidateError, ConfigurationError, TrialPruned, TrialTimeout, WorkerFailed
+from . import shm
+from .exceptions import (
+    CandidateError,
+    CandidateInfeasible,
+    ConfigurationError,
+    TrialPruned,
+    TrialTimeout,
+    WorkerFailed,
+)
 from .space import Candidate
 from .supervise import (
     Interrupted,
@@ -264,6 +272,14 @@ def _start(loader: Any, candidate: Candidate) -> Any:
         ) from err
 
 
+def _shm_death(death: WorkerFailed | None) -> WorkerFailed | None:
+    """A worker's death, named as running out of /dev/shm where it was a bus error (NOTE [ Shared
+    memory ] 3 in shm.py)."""
+    if death is not None and shm.exhausted(death):
+        return WorkerFailed(shm.failure_reason(death, "a worker process"))
+    return death
+
+
 def _release_frames(err: BaseException) -> None:
     """Let go of what the finished frames under a trial's failure hold, now rather than at collection.
 
@@ -279,10 +295,19 @@ def _release_frames(err: BaseException) -> None:
 
 
 def map_loader_error(err: BaseException) -> CandidateError | None:
-    """Failures that belong to the candidate's workers (processes or threads), not to the user's code."""
+    """Failures that belong to the candidate's workers (processes or threads), not to the user's code.
+
+    Running out of /dev/shm is the candidate's, wherever it happened (NOTE [ Shared memory ] in
+    shm.py); the empty segment torch leaves behind then is removed here, where both drivers see it.
+    """
     if isinstance(err, CandidateError):
         return err
     text = str(err)
+    if isinstance(err, RuntimeError) and shm.exhausted(err):
+        shm.discard_failed_segment(err)
+        if "DataLoader worker" in text:
+            return WorkerFailed(shm.failure_reason(err, "a worker process"))
+        return CandidateInfeasible(shm.failure_reason(err, "the main process"))
     if isinstance(err, RuntimeError):
         if "DataLoader timed out" in text:
             return TrialTimeout(f"a worker produced no batch in time ({text})")
@@ -381,7 +406,7 @@ def measure(
             if watchdog.failure is not None:
                 _release_frames(err)
                 raise watchdog.failure from err
-            mapped = death or map_loader_error(err)
+            mapped = _shm_death(death) or map_loader_error(err)
             if mapped is not None:
                 _release_frames(err)
                 raise mapped from err
