@@ -47,6 +47,8 @@ from .exceptions import (
     TrialTimeout,
     WorkerFailed,
 )
+from .machine import SHM_DIR
+from .preflight import start_method
 from .space import Candidate
 from .supervise import (
     Interrupted,
@@ -234,6 +236,13 @@ def build_loader(
                 " plain torch DataLoader with the worker processes you want."
             )
         return ThreadDataLoader(data, **kwargs)
+    if prepared.strategy == "ram" and not prepared.shared and workers and start_method(
+            kwargs.get("multiprocessing_context")) != "fork":
+        raise CandidateInfeasible(
+            f"the pretransform='ram' cache is in private memory ({SHM_DIR} could not hold it), which"
+            f" worker processes started by {start_method(kwargs.get('multiprocessing_context'))!r}"
+            " would each receive copied through /dev/shm; use fork, thread workers or num_workers=0"
+        )
     if candidate.pretransform == "device" and workers:
         raise ConfigurationError(
             f"num_workers={workers} cannot be used with pretransform='device': worker processes"

@@ -26,7 +26,7 @@ from torch.utils.data import IterableDataset
 from . import distributed, fingerprint, preflight, profiles
 from . import pretransform as pt
 from .exceptions import AutotuneWarning, ConfigurationError
-from .machine import MachineInfo, detect_machine, memory_available_bytes, shm_free_bytes
+from .machine import MachineInfo, detect_machine, memory_available_bytes
 from .space import Candidate, SearchSpace, build_space, check_bound, resolve_batch_sizes, resolve_in_order
 from .study import SearchSettings
 from .supervise import DEFAULT_BATCH_TIMEOUT_S, MeasureLimits, process_memory
@@ -279,12 +279,11 @@ def baseline_candidate(settings: dict[str, Any] | None, batch_size: int) -> Cand
 
 def ram_cache_budget(memory_budget_bytes: int | None = None) -> int:
     """The bytes a ``ram`` cache may hold: CACHE_BUDGET_FRACTION of the memory free now, within the
-    container's limit, and of the free space of /dev/shm (the cache lives there, shared with the
-    workers); with ``memory_budget_bytes``, at most what that ceiling leaves above this process's
-    memory now (NOTE [ Container limits ] in machine.py)."""
-    free = memory_available_bytes()
-    shm = shm_free_bytes()
-    budget = int(CACHE_BUDGET_FRACTION * (min(free, shm) if shm is not None else free))
+    container's limit (NOTE [ Container limits ] in machine.py); with ``memory_budget_bytes``, at
+    most what that ceiling leaves above this process's memory now. A small /dev/shm does not bound
+    it: a cache that would crowd the workers' batches there is kept in private memory instead
+    (NOTE [ Shared memory ] 4 in shm.py)."""
+    budget = int(CACHE_BUDGET_FRACTION * memory_available_bytes())
     if memory_budget_bytes is not None:
         budget = min(budget, max(0, memory_budget_bytes - process_memory()))
     return budget

@@ -20,8 +20,15 @@ it is full, and the fix a person can apply.
 #    the main process (a cache). The segment it names is left in /dev/shm, empty (the reservation
 #    was rolled back) but never unlinked: :func:`discard_failed_segment` removes it. Code that maps
 #    shared memory without reserving it first is killed by SIGBUS instead ("Bus error").
-# A candidate that runs out of /dev/shm fails with its reason (``measure.map_loader_error``), never
-# the user's loop.
+# 4. A ``ram`` cache lives in /dev/shm only when it takes at most CACHE_SHM_FRACTION of its free
+#    space (then any start method's workers map it); otherwise it is built in this process's private
+#    memory, which forked workers (Linux's default start method) read without a copy as well: its
+#    pages are only ever read, so copy-on-write never copies them. Workers started by spawn or
+#    forkserver would receive a private cache pickled, copied into /dev/shm, so they are refused for
+#    it (see ``pretransform.build``).
+# The search estimates what a candidate needs (:func:`worker_bytes`) against the free space read
+# when the space is made, so it does not pick workers blindly; what it did not foresee fails the
+# candidate with its reason (``measure.map_loader_error``), never the user's loop.
 """
 
 from __future__ import annotations
@@ -40,6 +47,10 @@ BATCHES_HELD_BY_LOOP = 1
 SHM_MARGIN = 1.1
 """What workers need, times this, must fit the free space: labels, the pin-memory thread's batch and
 other processes' segments take a little more than the batches alone."""
+
+CACHE_SHM_FRACTION = 0.25
+"""A ``ram`` cache goes to /dev/shm only when it takes at most this share of its free space, leaving
+the rest to the batches workers pass (NOTE [ Shared memory ] 4)."""
 
 SHM_FIX = (
     "docker run --shm-size=1g (ipc: host in docker compose; in Kubernetes, an emptyDir volume with"
