@@ -393,6 +393,14 @@ def _stat_field(path: str, key: str, notes: list[str]) -> int:
     return 0
 
 
+def own_cgroup(controller: str, root: str = "/") -> tuple[str, str] | None:
+    """(cgroup version, folder) of this process's own cgroup for ``controller`` ("cpu", "memory"), or
+    ``None`` where that controller is not mounted: where a child cgroup with a limit can be made."""
+    notes: list[str] = []
+    version, folders = _hierarchy(root, controller, _own_cgroups(root, notes), _cgroup_mounts(root, notes))
+    return (version, folders[0]) if folders else None
+
+
 def read_cgroup_limits(root: str = "/") -> CgroupLimits:
     """The CPU quota and memory limit of this process's cgroup and its parents. Never raises.
 
