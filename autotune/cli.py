@@ -424,6 +424,7 @@ def _describe_exception(err: BaseException) -> str:
 def cmd_tune(args: argparse.Namespace) -> int:
     from . import report
     from .api import tune_loader
+    from .machine import detect_machine
 
     if args.no_cache and args.retune:
         raise UsageError("--no-cache and --retune contradict each other; give one of them")
@@ -435,6 +436,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with redirect:
         workload = load_workload(args, device)
+        if not args.quiet:
+            # What bounds the search in a container: the CPU quota, the memory limit, /dev/shm.
+            _err(f"limits: {detect_machine().limits_line()}")
         result = tune_loader(
             workload.dataset,
             workload.step,

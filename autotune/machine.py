@@ -152,27 +152,49 @@ class MachineInfo:
 
     def limits_line(self) -> str:
         """One line for a person: "2 CPUs usable (cgroup quota 1.5), memory limit 2.0 GiB (...), ..."."""
-        cpus = f"{self.usable_cpus} CPU{'' if self.usable_cpus == 1 else 's'} usable"
-        if self.usable_cpus < self.logical_cpus:
-            cpus = f"{self.usable_cpus} of {self.logical_cpus} CPUs usable"
-        if self.cpu_quota is not None:
-            cpus += f" (cgroup quota {_fmt_quota(self.cpu_quota)})"
-        free = format_bytes(self.memory_available_bytes)
-        if self.memory_limit_bytes is None:
-            memory = f"no memory limit ({free} available)"
-        else:
-            memory = f"memory limit {format_bytes(self.memory_limit_bytes)} ({free} available)"
-        if self.shm_total_bytes is None or self.shm_free_bytes is None:
-            shm = f"no {SHM_DIR}"
-        else:
-            shm = f"{SHM_DIR} {format_bytes(self.shm_total_bytes)} ({format_bytes(self.shm_free_bytes)} free)"
-        line = f"{cpus}, {memory}, {shm}"
+        line = _limits_text(
+            self.usable_cpus, self.logical_cpus, self.cpu_quota, self.memory_limit_bytes,
+            self.shm_total_bytes, free=(self.memory_available_bytes, self.shm_free_bytes),
+        )
         if self.limit_notes:
             line += f"; {len(self.limit_notes)} limit file(s) unreadable, taken as none"
         return line
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def fingerprint_limits(fingerprint: dict[str, Any]) -> str:
+    """The limits a profile was tuned under, from its machine fingerprint (:meth:`MachineInfo.fingerprint`):
+    :meth:`MachineInfo.limits_line` without the momentary free amounts, which it does not keep."""
+    cpus = int(fingerprint.get("usable_cpus") or 1)
+    limit = fingerprint.get("memory_limit_gib")
+    shm = fingerprint.get("shm_mib")
+    return _limits_text(cpus, cpus, fingerprint.get("cpu_quota"),
+                        None if limit is None else int(limit) * RAM_ROUND_BYTES,
+                        None if shm is None else int(shm) * MIB)
+
+
+def _limits_text(usable: int, logical: int, quota: float | None, memory_limit: int | None,
+                 shm_total: int | None, *, free: tuple[int, int | None] | None = None) -> str:
+    """CPUs, memory and /dev/shm in one line; with ``free`` (memory, /dev/shm), what is free of each."""
+    cpus = f"{usable} CPU{'' if usable == 1 else 's'} usable"
+    if usable < logical:
+        cpus = f"{usable} of {logical} CPUs usable"
+    if quota is not None:
+        cpus += f" (cgroup quota {_fmt_quota(quota)})"
+    memory_free = f" ({format_bytes(free[0])} available)" if free is not None else ""
+    if memory_limit is None:
+        memory = f"no memory limit{memory_free}"
+    else:
+        memory = f"memory limit {format_bytes(memory_limit)}{memory_free}"
+    if shm_total is None:
+        shm = f"no {SHM_DIR}"
+    else:
+        shm = f"{SHM_DIR} {format_bytes(shm_total)}"
+        if free is not None and free[1] is not None:
+            shm += f" ({format_bytes(free[1])} free)"
+    return f"{cpus}, {memory}, {shm}"
 
 
 def _fmt_quota(quota: float) -> str:
@@ -369,6 +391,14 @@ def _stat_field(path: str, key: str, notes: list[str]) -> int:
         if name == key and value.strip().isdigit():
             return int(value)
     return 0
+
+
+def own_cgroup(controller: str, root: str = "/") -> tuple[str, str] | None:
+    """(cgroup version, folder) of this process's own cgroup for ``controller`` ("cpu", "memory"), or
+    ``None`` where that controller is not mounted: where a child cgroup with a limit can be made."""
+    notes: list[str] = []
+    version, folders = _hierarchy(root, controller, _own_cgroups(root, notes), _cgroup_mounts(root, notes))
+    return (version, folders[0]) if folders else None
 
 
 def read_cgroup_limits(root: str = "/") -> CgroupLimits:

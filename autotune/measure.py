@@ -35,10 +35,20 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, default_collate, default_convert
 
 from . import pretransform as pt
-from .exceptions import CandidateError, ConfigurationError, TrialPruned, TrialTimeout, WorkerFailed
+from . import shm
+from .exceptions import (
+    CandidateError,
+    CandidateInfeasible,
+    ConfigurationError,
+    TrialPruned,
+    TrialTimeout,
+    WorkerFailed,
+)
+from .machine import SHM_DIR
+from .preflight import start_method
 from .space import Candidate
 from .supervise import (
     Interrupted,
@@ -233,6 +243,13 @@ def build_loader(
                 " plain torch DataLoader with the worker processes you want."
             )
         return ThreadDataLoader(data, **kwargs)
+    if prepared.strategy == "ram" and not prepared.shared and workers and start_method(
+            kwargs.get("multiprocessing_context")) != "fork":
+        raise CandidateInfeasible(
+            f"the pretransform='ram' cache is in private memory ({SHM_DIR} could not hold it), which"
+            f" worker processes started by {start_method(kwargs.get('multiprocessing_context'))!r}"
+            " would each receive copied through /dev/shm; use fork, thread workers or num_workers=0"
+        )
     if candidate.pretransform == "device" and workers:
         raise ConfigurationError(
             f"num_workers={workers} cannot be used with pretransform='device': worker processes"
@@ -241,6 +258,9 @@ def build_loader(
     if not workers:
         kwargs.pop("prefetch_factor", None)
         kwargs.pop("persistent_workers", None)
+    else:  # a batch that /dev/shm cannot hold fails in the worker, not lost in its queue
+        kwargs["collate_fn"] = shm.SharedInWorker(
+            _torch_collate(kwargs) if kwargs.get("collate_fn") is None else kwargs["collate_fn"])
     with quiet_worker_warning():
         return DataLoader(data, **kwargs)
 
@@ -254,6 +274,13 @@ def quiet_worker_warning(*, pickle_errors: bool = True) -> Iterator[None]:
         if pickle_errors:
             warnings.filterwarnings("ignore", message="Got pickle error when attempting to start a worker")
         yield
+
+
+def _torch_collate(kwargs: dict[str, Any]) -> Callable[[Any], Any]:
+    """The collate function torch uses when none is given: batches of samples (``batch_size`` or a
+    batch sampler) are collated, single samples only converted."""
+    batched = kwargs.get("batch_sampler") is not None or kwargs.get("batch_size", 1) is not None
+    return default_collate if batched else default_convert
 
 
 def _start(loader: Any, candidate: Candidate) -> Any:
@@ -271,6 +298,14 @@ def _start(loader: Any, candidate: Candidate) -> Any:
         ) from err
 
 
+def _shm_death(death: WorkerFailed | None) -> WorkerFailed | None:
+    """A worker's death, named as running out of /dev/shm where it was a bus error (NOTE [ Shared
+    memory ] 3 in shm.py)."""
+    if death is not None and shm.exhausted(death):
+        return WorkerFailed(shm.failure_reason(death, "a worker process"))
+    return death
+
+
 def _release_frames(err: BaseException) -> None:
     """Let go of what the finished frames under a trial's failure hold, now rather than at collection.
 
@@ -286,10 +321,19 @@ def _release_frames(err: BaseException) -> None:
 
 
 def map_loader_error(err: BaseException) -> CandidateError | None:
-    """Failures that belong to the candidate's workers (processes or threads), not to the user's code."""
+    """Failures that belong to the candidate's workers (processes or threads), not to the user's code.
+
+    Running out of /dev/shm is the candidate's, wherever it happened (NOTE [ Shared memory ] in
+    shm.py); the empty segment torch leaves behind then is removed here, where both drivers see it.
+    """
     if isinstance(err, CandidateError):
         return err
     text = str(err)
+    if isinstance(err, RuntimeError) and shm.exhausted(err):
+        shm.discard_failed_segment(err)
+        if "DataLoader worker" in text:
+            return WorkerFailed(shm.failure_reason(err, "a worker process"))
+        return CandidateInfeasible(shm.failure_reason(err, "the main process"))
     if isinstance(err, RuntimeError):
         if "DataLoader timed out" in text:
             return TrialTimeout(f"a worker produced no batch in time ({text})")
@@ -388,7 +432,7 @@ def measure(
             if watchdog.failure is not None:
                 _release_frames(err)
                 raise watchdog.failure from err
-            mapped = death or map_loader_error(err)
+            mapped = _shm_death(death) or map_loader_error(err)
             if mapped is not None:
                 _release_frames(err)
                 raise mapped from err

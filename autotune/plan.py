@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, default_collate
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
-from . import distributed, fingerprint, preflight, profiles
+from . import distributed, fingerprint, preflight, profiles, shm
 from . import pretransform as pt
 from .exceptions import AutotuneWarning, ConfigurationError
 from .machine import MachineInfo, detect_machine, memory_available_bytes, shm_free_bytes
+from .pretransform.split import rng_preserved
 from .space import Candidate, SearchSpace, build_space, check_bound, resolve_batch_sizes, resolve_in_order
 from .study import SearchSettings
 from .supervise import DEFAULT_BATCH_TIMEOUT_S, MeasureLimits, process_memory
@@ -47,6 +48,9 @@ WINDOW_S_PER_BUDGET_S = 1.0 / 60.0
 """Each candidate's steady-state window is this share of the budget (1 s for the default minute)."""
 
 MIN_WINDOW_S, MAX_WINDOW_S = 0.25, 2.0
+
+PROBE_SAMPLES = 2
+"""Samples read to learn how many bytes a sample takes in a batch (their shapes are usually one)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,9 @@ class Plan:
     """``persistent_workers`` as the user fixed it (``None``: decided by the epochs)."""
     baseline: dict[str, Any] | None = None
     """The DataLoader settings the user runs, to measure against (``None``: PyTorch's defaults)."""
+    read_samples: bool = True
+    """Whether planning may read samples in this process (not for the drop-in: NOTE [ The drop-in's
+    contract ] in loader.py)."""
 
     @property
     def iterable(self) -> bool:
@@ -99,21 +106,33 @@ class Plan:
         """Bytes a ``ram`` cache may hold for this plan (:func:`ram_cache_budget`)."""
         return ram_cache_budget(self.memory_budget_bytes)
 
-    def space(self, *, ram_budget_bytes: int | None = None) -> tuple[SearchSpace, dict[str, str]]:
+    def space(self, *, ram_budget_bytes: int | None = None,
+              sample_bytes: int | None = None) -> tuple[SearchSpace, dict[str, str]]:
         """The search space of this plan and the pre-transform strategies refused, with the reasons
-        (reads a few samples in this process to plan a cache, where caches were asked for)."""
+        (reads a few samples in this process to plan a cache, where caches were asked for).
+
+        Worker processes are bounded by the free space of /dev/shm now, less what a ``ram`` cache
+        will take there, for batches of ``sample_bytes`` per sample: by default two samples read
+        here (where the plan may read samples); without it, /dev/shm bounds nothing ahead and a
+        candidate that runs out of it fails with its reason (NOTE [ Shared memory ] in shm.py).
+        """
         ram_budget = ram_budget_bytes if ram_budget_bytes is not None else self.cache_budget()
         usable, refused = pretransform_choices(
             self.dataset, self.strategies, device=self.device, machine=self.machine,
             budget_s=self.budget_s, ram_budget_bytes=ram_budget,
         )
+        if sample_bytes is None and self.read_samples and not self.iterable:
+            sample_bytes = probe_sample_bytes(self.dataset, self.collate_fn, self.dataset_len)
+        free = shm_free_bytes()
+        if free is not None and "ram" in usable:
+            free = max(0, free - pt.shm_bytes(self.dataset))
         space = build_space(
             self.machine, batch_size=self.batch_size, dataset_len=self.dataset_len,
             cuda=self.device.type == "cuda", pretransforms=usable, max_workers=self.max_workers,
             excluded=self.excluded, epochs=self.epochs, local_world_size=self.local_ranks,
             thread_workers=not self.iterable, max_threads=self.max_threads,
             in_order_choices=resolve_in_order(self.in_order, shuffle=self.shuffle and not self.iterable),
-            persistent=self.persistent,
+            persistent=self.persistent, sample_bytes=sample_bytes, shm_free_bytes=free,
         )
         return space, refused
 
@@ -257,6 +276,7 @@ def make_plan(
         machine=machine, dist=ctx, workload=workload,
         key=fingerprint.profile_key(machine.fingerprint(), workload), excluded=excluded,
         started_at=started, persistent=persistent, baseline=dict(baseline) if baseline else None,
+        read_samples=read_samples,
     )
 
 
@@ -283,15 +303,29 @@ def baseline_candidate(settings: dict[str, Any] | None, batch_size: int) -> Cand
 
 def ram_cache_budget(memory_budget_bytes: int | None = None) -> int:
     """The bytes a ``ram`` cache may hold: CACHE_BUDGET_FRACTION of the memory free now, within the
-    container's limit, and of the free space of /dev/shm (the cache lives there, shared with the
-    workers); with ``memory_budget_bytes``, at most what that ceiling leaves above this process's
-    memory now (NOTE [ Container limits ] in machine.py)."""
-    free = memory_available_bytes()
-    shm = shm_free_bytes()
-    budget = int(CACHE_BUDGET_FRACTION * (min(free, shm) if shm is not None else free))
+    container's limit (NOTE [ Container limits ] in machine.py); with ``memory_budget_bytes``, at
+    most what that ceiling leaves above this process's memory now. A small /dev/shm does not bound
+    it: a cache that would crowd the workers' batches there is kept in private memory instead
+    (NOTE [ Shared memory ] 4 in shm.py)."""
+    budget = int(CACHE_BUDGET_FRACTION * memory_available_bytes())
     if memory_budget_bytes is not None:
         budget = min(budget, max(0, memory_budget_bytes - process_memory()))
     return budget
+
+
+def probe_sample_bytes(dataset: Any, collate_fn: Callable[[Any], Any] | None, n: int | None) -> int | None:
+    """Bytes one sample takes in a collated batch, from PROBE_SAMPLES samples read here with the
+    RNGs left as they were; ``None`` where they cannot be read or collated (the measurement then
+    raises the user's own error where it belongs)."""
+    if not n:
+        return None
+    with rng_preserved():
+        try:
+            samples = [dataset[i] for i in range(min(PROBE_SAMPLES, n))]
+            batch = (collate_fn or default_collate)(samples)
+        except Exception:  # noqa: BLE001 - the user's error, raised by the measurement instead
+            return None
+    return shm.nbytes(batch) // len(samples)
 
 
 def pretransform_choices(

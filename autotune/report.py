@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .machine import SHM_DIR, fingerprint_limits
 from .profiles import mask_url
+from .shm import SHM_FIX
 
 if TYPE_CHECKING:
     from .decide import TrialRecord
@@ -164,6 +166,17 @@ def baseline_text(result: TuneResult) -> str:
     return "your settings (" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
 
 
+def limits(result: TuneResult) -> str | None:
+    """The limits the result was tuned under (CPUs, memory, /dev/shm), from its machine fingerprint."""
+    return fingerprint_limits(result.machine) if result.machine else None
+
+
+def shm_bound(result: TuneResult) -> bool:
+    """Whether /dev/shm ruled out or failed a configuration of the search (NOTE [ Shared memory ] in
+    shm.py): then the report gives the fix."""
+    return any(t.state in ("failed", "infeasible") and SHM_DIR in (t.reason or "") for t in result.trials)
+
+
 def summary(result: TuneResult) -> dict[str, Any]:
     """The headline figures as JSON-able values (the ``"summary"`` of :func:`to_json`)."""
     return {
@@ -189,6 +202,9 @@ def summary(result: TuneResult) -> dict[str, Any]:
         "trials": len(result.trials),
         "from_cache": result.from_cache,
         "tuning_s": result.tuning_s,
+        "limits": limits(result),
+        "shm_bound": shm_bound(result),
+        "shm_fix": SHM_FIX if shm_bound(result) else None,
         "key": result.key,
         "study_name": result.study_name,
         "storage_url": mask_url(result.storage_url) if result.storage_url else None,
@@ -249,6 +265,13 @@ def summary_text(result: TuneResult) -> str:
         lines.append(f"Load:        {result.load_average:.2f} per usable CPU when tuning ended"
                      + (" (a busy machine: figures are noisier)" if result.load_average > 0.75 else ""))
     lines.append(f"Diagnosis:   {result.diagnosis()}")
+    if (limited := limits(result)) is not None:
+        lines.append(f"Limits:      {limited}")
+    if shm_bound(result):
+        lines += textwrap.wrap(
+            f"{SHM_DIR + ':':<13}too small for the batches worker processes pass here, so they were left out"
+            f" or failed (see the reasons above); the fix: {SHM_FIX}", width=TEXT_WIDTH,
+            subsequent_indent=" " * 13)
     if result.from_cache:
         lines.append(
             f"Cache:       from the stored profile {result.key} (not measured now; --retune measures"

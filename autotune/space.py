@@ -5,7 +5,9 @@ combinations are excluded here, by construction, so the search never samples one
 ``SearchSpace.check``): ``prefetch_factor`` and ``persistent_workers`` exist only with workers,
 ``pin_memory`` only with CUDA, the ``device`` pre-transform only with CUDA and without worker
 processes, thread workers only where the caller allows them (map-style datasets), out-of-order
-delivery only with workers and where the order of batches does not matter (see NOTE [ Worker kinds ]).
+delivery only with workers and where the order of batches does not matter (see NOTE [ Worker kinds ]),
+worker processes only as many, with as many batches in flight, as /dev/shm holds (NOTE [ Shared
+memory ] in shm.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from . import shm
 from .exceptions import ConfigurationError
 from .machine import MachineInfo
 
@@ -202,6 +205,12 @@ class SearchSpace:
     """The most thread workers searched; 0: none (see NOTE [ Worker kinds ])."""
     in_order_choices: tuple[bool, ...] = (True,)
     """``(True,)``, or ``(True, False)`` where out-of-order delivery is searched too."""
+    sample_bytes: int | None = None
+    """Bytes one sample takes in a collated batch, what worker processes pass through /dev/shm
+    (``None``: not known, and /dev/shm bounds nothing; see NOTE [ Shared memory ] in shm.py)."""
+    shm_free_bytes: int | None = None
+    """The free space of /dev/shm the workers' batches may take, read when the space was made
+    (``None``: no /dev/shm)."""
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
@@ -227,7 +236,7 @@ class SearchSpace:
         """The kinds of workers that exist with ``pretransform`` (worker processes never share the
         ``device`` cache)."""
         kinds: list[WorkerKind] = []
-        if self.max_workers > 0 and pretransform != "device":
+        if self.max_workers > 0 and pretransform != "device" and self.processes_fit():
             kinds.append("process")
         if self.max_threads > 0:
             kinds.append("thread")
@@ -266,6 +275,8 @@ class SearchSpace:
                     f"persistent_workers={c.persistent_workers}: it is {self.persistent} for every"
                     " candidate with workers, as the expected number of epochs decides"
                 )
+            if (why := self.shm_reason(c)) is not None:
+                return why
         if c.num_workers > 0 and c.prefetch_factor not in self.prefetch_factors:
             return f"prefetch_factor={c.prefetch_factor} is not among {self.prefetch_factors}"
         if c.in_order not in self.in_order_choices:
@@ -286,6 +297,30 @@ class SearchSpace:
         if c.torch_threads not in self.torch_threads and c.torch_threads is not None:
             return f"torch_threads={c.torch_threads} is not among {self.torch_threads}"
         return None
+
+    def shm_reason(self, c: Candidate) -> str | None:
+        """Why the batches ``c``'s worker processes pass do not fit /dev/shm, or ``None`` when they do
+        (or use none: threads, no workers). See NOTE [ Shared memory ] in shm.py."""
+        if c.num_workers == 0 or c.threaded or not self.sample_bytes or self.shm_free_bytes is None:
+            return None
+        batch = c.batch_size * self.sample_bytes
+        pf = c.prefetch_factor or 2
+        if shm.fits(shm.worker_bytes(c.num_workers, pf, batch), self.shm_free_bytes):
+            return None
+        return shm.workers_reason(c.num_workers, pf, batch, self.shm_free_bytes)
+
+    def processes_fit(self) -> bool:
+        """Whether the fewest batches in flight (one worker, the least prefetch, the smallest batch)
+        fit /dev/shm: where not even they do, worker processes are not searched at all."""
+        least = Candidate(min(self.batch_sizes), num_workers=1, prefetch_factor=min(self.prefetch_factors))
+        return self.shm_reason(least) is None
+
+    def left_out(self, usable_cpus: int) -> list[tuple[Candidate, str]]:
+        """The configuration people write (the rule of thumb, :meth:`heuristic`) with the reason, where
+        /dev/shm rules it out: the drivers record it, so the result says what bound the search."""
+        rule = self.heuristic(usable_cpus)
+        why = self.shm_reason(rule)
+        return [] if why is None else [(rule, why)]
 
     def baseline(self) -> Candidate:
         """PyTorch's own defaults at the workload's batch size: no workers, nothing pinned."""
@@ -327,7 +362,9 @@ class SearchSpace:
                 for workers, pf, in_order in itertools.product(
                     range(1, bound + 1), self.prefetch_factors, self.in_order_choices
                 ):
-                    yield replace(base, **self.workers(kind, workers, pf, in_order))
+                    c = replace(base, **self.workers(kind, workers, pf, in_order))
+                    if self.shm_reason(c) is None:
+                        yield c
 
     def size(self) -> int:
         return sum(1 for _ in self.grid())
@@ -423,13 +460,16 @@ def build_space(
     max_threads: int | None = None,
     in_order_choices: Sequence[bool] = (True,),
     persistent: bool | None = None,
+    sample_bytes: int | None = None,
+    shm_free_bytes: int | None = None,
 ) -> SearchSpace:
     """The space for this machine and the user's fixed choices.
 
     ``max_workers`` bounds the worker processes (0 where they cannot be used); ``thread_workers``
     says whether thread workers apply (map-style datasets), ``max_threads`` bounds them below the
     machine's :func:`thread_bound`; ``in_order_choices`` comes from :func:`resolve_in_order`;
-    ``persistent`` is ``persistent_workers`` as the user fixed it (``None``: more than one epoch).
+    ``persistent`` is ``persistent_workers`` as the user fixed it (``None``: more than one epoch);
+    ``sample_bytes`` and ``shm_free_bytes`` bound the worker processes by /dev/shm (SearchSpace's).
     """
     sizes, baseline = resolve_batch_sizes(batch_size, dataset_len)
     bound = worker_bound(machine.usable_cpus, local_world_size)
@@ -454,6 +494,8 @@ def build_space(
         excluded=dict(excluded or {}),
         max_threads=threads,
         in_order_choices=(True, False) if False in tuple(in_order_choices) else (True,),
+        sample_bytes=sample_bytes,
+        shm_free_bytes=shm_free_bytes,
     )
 
 

@@ -3,7 +3,8 @@
 # NOTE [ Search ]
 # 1. The baseline (what the user runs; PyTorch's defaults unless told otherwise) is measured first,
 #    even where it lies outside the space, so every later figure has a reference from the same run.
-#    Strategies the pre-transform module refused are recorded as infeasible trials.
+#    Strategies the pre-transform module refused are recorded as infeasible trials, and so are the
+#    worker processes people write where /dev/shm cannot hold their batches (SearchSpace.left_out).
 # 2. An Optuna study (TPE, seeded) proposes candidates, warm-started first with the workers that would
 #    keep the step busy as estimated from the baseline (load time over step time,
 #    decide.estimate_workers; the drop-in starts its exploration from the same estimate), then with
@@ -482,6 +483,8 @@ def run_search(dataset: Any, step: Callable[[Any], Any] | None, space: SearchSpa
     for strategy, why in settings.refused.items():
         refused = replace(space.baseline(), pretransform=cast(Strategy, strategy))
         runner.record(refused, "search", "infeasible", reason=f"pretransform={strategy!r}: {why}")
+    for c, why in space.left_out(settings.usable_cpus):
+        runner.record(c, "search", "infeasible", reason=why)
     study_name = _explore(runner, space, settings, measured)
     if not ledger.by_candidate:
         raise ledger.failure(settings.budget_s)

@@ -244,6 +244,8 @@ class Tuning:
             self.ledger.record(replace(self.baseline, pretransform=cast(Strategy, strategy)), "online",
                                "infeasible",
                                reason=f"pretransform={strategy!r}: {why}")
+        for left, why in space.left_out(self.plan.machine.usable_cpus):
+            self.ledger.record(left, "online", "infeasible", reason=why)
 
     def _cache_candidates(self) -> list[Candidate]:
         """The ram cache read in the main process and by one thread worker, as the search tries it."""

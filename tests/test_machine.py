@@ -36,6 +36,7 @@ from autotune.machine import (
     usable_cpu_count,
 )
 from autotune.space import worker_bound
+from benchmarks.containers import Unavailable, child_cgroup
 
 GIB = RAM_ROUND_BYTES
 AFFINITY = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -347,39 +348,13 @@ def _child_cgroup(controller: str, settings: dict[str, dict[str, str]]) -> Itera
     ``settings`` maps the cgroup version to the files to write. Removed afterwards, even when the
     test fails; skips with the reason where no such cgroup can be made.
     """
-    if not sys.platform.startswith("linux"):
-        pytest.skip("cgroups are Linux's")
-    if os.geteuid() != 0:
-        pytest.skip("making a cgroup needs root")
-    notes: list[str] = []
-    version, folders = machine._hierarchy(
-        "/", controller, machine._own_cgroups("/", notes), machine._cgroup_mounts("/", notes))
-    if not folders:
-        pytest.skip(f"no {controller} controller mounted ({notes or 'no cgroup mount'})")
-    path = os.path.join(folders[0], f"autotune-test-{os.getpid()}-{controller}")
+    name = f"autotune-test-{os.getpid()}-{controller}"
     try:
-        os.mkdir(path)
-    except OSError as err:
-        pytest.skip(f"cannot make a cgroup under {folders[0]}: {err.strerror}")
-    try:
-        for name, value in settings[version].items():
-            if not os.path.exists(os.path.join(path, name)):
-                pytest.skip(f"{name} is not in the new {version} cgroup: the {controller} controller is not "
-                            f"enabled for children (v2 needs it in the parent's cgroup.subtree_control)")
-            with open(os.path.join(path, name), "w") as fh:
-                fh.write(value)
-        yield path
-    finally:
-        # The child has exited; the kernel may take a moment to let go of it.
-        for _ in range(50):
-            try:
-                os.rmdir(path)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.1)
-        assert not os.path.exists(path), f"test cgroup {path} left behind"
+        with child_cgroup(controller, settings, name) as path:
+            yield path
+    except Unavailable as err:
+        pytest.skip(str(err))
+    assert not os.path.exists(path), f"test cgroup {path} left behind"
 
 
 READ_MACHINE = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,24 @@ def test_thread_workers_are_pasted_as_the_loader_that_can_start_them() -> None:
                                       "prefetch_factor": 2, "persistent_workers": True})
     assert report.loader_code(plain).startswith("loader = DataLoader(dataset, batch_size=64, num_workers=2")
     assert "ThreadDataLoader" not in report.summary_text(plain)
+
+
+def test_the_summary_says_what_the_limits_were_and_how_to_lift_a_small_dev_shm() -> None:
+    machine = {"usable_cpus": 1, "cpu_quota": 1.0, "memory_limit_gib": 2, "shm_mib": 64}
+    free = replace(handmade(), machine=machine)
+    text = report.summary_text(free)
+    assert "Limits:      1 CPU usable (cgroup quota 1.0), memory limit 2.0 GiB, /dev/shm 64 MiB" in text
+    assert "docker run --shm-size" not in text  # nothing was bounded by /dev/shm here
+    assert not report.summary(free)["shm_bound"] and report.summary(free)["shm_fix"] is None
+
+    left_out = TrialRecord(8, "search", Candidate(64, 4, False, 2, True), "infeasible",
+                           reason="num_workers=4 prefetch_factor=2: needs ~347 MiB of /dev/shm for 9 batches")
+    bound = replace(free, trials=(*free.trials, left_out))
+    text = report.summary_text(bound)
+    assert "/dev/shm:    too small for the batches worker processes pass here" in text
+    words = " ".join(text.split())  # the line is wrapped to the terminal
+    assert "the fix: docker run --shm-size=1g (ipc: host in docker compose; in Kubernetes," in words
+    assert max(len(ln) for ln in text.splitlines()) <= 100
+    summary = json.loads(report.to_json(bound))["summary"]
+    assert summary["shm_bound"] and summary["shm_fix"].startswith("docker run --shm-size=1g")
+    assert summary["limits"] == "1 CPU usable (cgroup quota 1.0), memory limit 2.0 GiB, /dev/shm 64 MiB"

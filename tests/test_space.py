@@ -178,3 +178,63 @@ def test_max_workers_caps_the_bound_and_is_validated() -> None:
     assert _space(max_threads=3).max_threads == 0  # thread workers only where the caller allows them
     with pytest.raises(ConfigurationError, match=r"max_threads=-2 must be a non-negative integer"):
         _space(thread_workers=True, max_threads=-2)
+
+
+MIB = 1 << 20
+
+
+def test_worker_processes_are_bounded_by_what_dev_shm_holds() -> None:
+    # Samples of 1 MiB in batches of 16: every batch in flight takes 16 MiB of a 64 MiB /dev/shm.
+    space = _space(batch_size=16, thread_workers=True, sample_bytes=MIB, shm_free_bytes=64 * MIB)
+    assert space.check(Candidate(16, 2, False, 1, True)) is None  # 3 batches: 48 MiB
+    assert space.check(Candidate(16, 2, False, 2, True)) == (
+        "needs ~80 MiB of /dev/shm for 5 batches of 16 MiB in flight (2 workers x prefetch_factor 2"
+        " + 1 held by the loop), more than the 64 MiB free; fewer workers, prefetch_factor=1 or thread"
+        " workers need less, a larger /dev/shm (docker run --shm-size=1g) lifts it"
+    )
+    # Thread workers pass nothing through /dev/shm.
+    assert space.check(Candidate(16, 4, False, 8, False, worker_kind="thread")) is None
+    grid = list(space.grid())
+    assert all(space.check(c) is None for c in grid)
+    assert {(c.num_workers, c.prefetch_factor) for c in grid if c.num_workers and not c.threaded} == {
+        (1, 1), (1, 2), (2, 1)}
+    # The rule of thumb fits on 2 CPUs (1 worker); on 4 (3 workers, 7 batches) it is recorded as left out.
+    assert space.left_out(usable_cpus=2) == []
+    [(rule, why)] = space.left_out(usable_cpus=4)
+    assert (rule.num_workers, rule.prefetch_factor) == (3, 2) and "of /dev/shm" in why
+    # Without a sample size, /dev/shm bounds nothing ahead (a candidate that runs out fails instead).
+    unknown = _space(batch_size=16, sample_bytes=None, shm_free_bytes=64 * MIB)
+    assert unknown.check(Candidate(16, 8, False, 8, True)) is None
+
+
+def test_where_no_worker_process_fits_dev_shm_none_is_searched() -> None:
+    # Batches of 32 MiB: even one worker at prefetch_factor=1 keeps two of them, 64 MiB and more.
+    space = _space(batch_size=16, thread_workers=True, sample_bytes=2 * MIB, shm_free_bytes=64 * MIB)
+    assert not space.processes_fit()
+    assert space.worker_kinds() == ("thread",)
+    assert not any(c.num_workers and not c.threaded for c in space.grid())
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=1))
+    for i in range(50):
+        trial = study.ask()
+        c = suggest(trial, space)
+        assert space.check(c) is None, c
+        study.tell(trial, float(i))
+    [(rule, why)] = space.left_out(usable_cpus=2)
+    assert rule == space.heuristic(usable_cpus=2)
+    assert (rule.num_workers, rule.prefetch_factor) == (1, 2)
+    assert why.startswith("needs ~96 MiB of /dev/shm for 3 batches of 32 MiB in flight (1 worker x")
+
+
+def test_the_offline_plan_reads_what_a_sample_takes_in_a_batch() -> None:
+    from autotune.plan import make_plan
+
+    data = TensorDataset(torch.zeros(64, 3, 8, 8), torch.zeros(64, dtype=torch.int64))
+    common = dict(batch_size=16, budget_s=5.0, device="cpu", epochs=2, pretransform="none", max_workers=None,
+                  memory_budget_bytes=None, batch_timeout_s=None, shuffle=True, collate_fn=None, seed=0)
+    space, _ = make_plan(data, None, **common).space()
+    assert space.sample_bytes == 3 * 8 * 8 * 4 + 8  # the image's floats and the int64 target
+    assert space.shm_free_bytes is not None
+    # The drop-in reads no sample in this process: nothing is known ahead, unless it says.
+    dropin = make_plan(data, None, read_samples=False, **common)
+    assert dropin.space()[0].sample_bytes is None
+    assert dropin.space(sample_bytes=1000)[0].sample_bytes == 1000

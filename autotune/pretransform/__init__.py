@@ -18,6 +18,8 @@ Interface used by the rest of the package (keep these names and shapes):
 - ``Prepared.stale_reason() -> str | None`` and ``Prepared.check_fresh() -> bool``: whether the cache
   still matches the dataset (cheap; call at each epoch start), see NOTE [ Fresh caches ] in fresh.py.
 - ``estimate_build_s(dataset) -> float | None``: seconds a cache build would take.
+- ``shm_bytes(dataset) -> int``: bytes a ``ram`` cache would take from /dev/shm when built (0 when it
+  would be kept in private memory, see NOTE [ Shared memory ] in ``autotune/shm.py``).
 - ``clear_builds()``: drop every stored plan and cache.
 - ``holds_cuda_tensors(dataset) -> bool``: samples already live on an accelerator (no workers then).
 
@@ -60,7 +62,15 @@ cache froze).
 """
 
 from .build import Prepared
-from .choose import FILLS, STRATEGIES, estimate_build_s, holds_cuda_tensors, prepare, strategies
+from .choose import (
+    FILLS,
+    STRATEGIES,
+    estimate_build_s,
+    holds_cuda_tensors,
+    prepare,
+    shm_bytes,
+    strategies,
+)
 from .filling import FillCounts
 from .reuse import clear_builds
 
@@ -73,5 +83,6 @@ __all__ = [
     "estimate_build_s",
     "holds_cuda_tensors",
     "prepare",
+    "shm_bytes",
     "strategies",
 ]

@@ -19,8 +19,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from .. import shm
 from ..exceptions import CandidateInfeasible, ShapeChanged, StaleCacheWarning
-from ..machine import usable_cpu_count
+from ..machine import SHM_DIR, shm_free_bytes, usable_cpu_count
+from ..shm import CACHE_SHM_FRACTION
 from .filling import (
     EMPTY,
     Completing,
@@ -75,6 +77,9 @@ MAX_BUILD_WORKERS = 8
 BUILD_CHUNK = 32
 """Samples a build worker hands back at a time."""
 
+BUILD_PREFETCH = 4
+"""Chunks each build worker keeps ready (fewer where /dev/shm cannot hold them)."""
+
 
 class Freshness:
     """What a build froze, and the dataset it froze it from."""
@@ -107,6 +112,9 @@ class Prepared:
     """Bytes the cache holds."""
     detail: str = ""
     """What was cached and what still runs per sample."""
+    shared: bool = False
+    """Whether a ``ram`` cache is in /dev/shm; else in private memory, which only forked workers read
+    without a copy (NOTE [ Shared memory ] 4 in shm.py)."""
     freshness: Freshness | None = field(default=None, repr=False, compare=False)
 
     def loader_parts(
@@ -184,8 +192,9 @@ def build(
     build is sized by the plan's fixed shapes, checked against the device budget before.
     """
     t0 = time.perf_counter()
+    shared = False
     if strategy == "ram":
-        wrapped, held = _build_ram(dataset, plan, memory_budget_bytes, progress)
+        wrapped, held, shared = _build_ram(dataset, plan, memory_budget_bytes, progress)
     else:
         wrapped, held = _build_device(dataset, plan, device)
     plan.real_bytes = held
@@ -203,6 +212,7 @@ def build(
         build_s=time.perf_counter() - t0,
         nbytes=held,
         detail=detail,
+        shared=shared,
         freshness=Freshness(dataset, plan),
     )
 
@@ -238,6 +248,13 @@ def fill_in_pass(dataset: Any, plan: CachePlan, *, memory_budget_bytes: int | No
             f"a cache would need ~{fmt_bytes(expected.total)} ({expected.describe()}), over the memory"
             f" budget of {fmt_bytes(memory_budget_bytes)}"
         )
+    if not in_shm(fixed + capacity):
+        raise CandidateInfeasible(
+            f"pretransform='ram' (fill='pass'): the cache, ~{fmt_bytes(fixed + capacity)}, is filled by"
+            f" the worker processes through {SHM_DIR}, which cannot spare that"
+            f" ({fmt_bytes(shm_free_bytes() or 0)} free); build it before use (fill='build'), which keeps"
+            " it in private memory"
+        )
     indices = probe_indices(plan.length)
     probes = Picked(view, indices)
     if not prove(dataset, plan, indices, _filling(probes, plan, len(indices), capacity, share=False)):
@@ -256,6 +273,7 @@ def fill_in_pass(dataset: Any, plan: CachePlan, *, memory_budget_bytes: int | No
         build_s=time.perf_counter() - t0,
         nbytes=reserved,
         detail=detail,
+        shared=True,
         freshness=Freshness(dataset, plan),
     )
 
@@ -294,23 +312,27 @@ def build_seconds(dataset: Any, plan: CachePlan) -> float:
 
 def _build_ram(
     dataset: Any, plan: CachePlan, budget: int | None, progress: ProgressFn | None
-) -> tuple[Any, int]:
-    """The wrapped dataset over a cache in shared memory, and the bytes it holds."""
+) -> tuple[Any, int, bool]:
+    """The wrapped dataset over a cache, the bytes it holds, and whether it is in /dev/shm: there
+    when it takes at most CACHE_SHM_FRACTION of its free space, else in private memory (NOTE [ Shared
+    memory ] 4 in shm.py). A /dev/shm that another process fills meanwhile fails the build with
+    torch's error, which the search takes as the candidate's (``measure.map_loader_error``)."""
     expected = plan.estimate()
     capacity = int(RAGGED_HEADROOM * (expected.mean + expected.spread) * plan.length)
+    share = in_shm(ram_reserve_bytes(plan))
     if plan.table is not None:
         wrapped = wrap_table(
-            plan, _read(plan.source, plan.length), share=True, capacity_bytes=capacity,
+            plan, _read(plan.source, plan.length, expected.mean), share=share, capacity_bytes=capacity,
             budget_bytes=budget, progress=progress,
         )
-        return wrapped, sum(c.nbytes for c in wrapped.fields)
+        return wrapped, sum(c.nbytes for c in wrapped.fields), share
     source = plan.source if plan.source is not None else dataset
     with rng_preserved():
         while True:
             try:
                 fields, held = fill(
-                    _read(PrefixView(source, plan.prefix, plan.field), plan.length), plan.layout,
-                    plan.length, subclasses=tensor_types(plan.probe[0]), share=True,
+                    _read(PrefixView(source, plan.prefix, plan.field), plan.length, expected.mean),
+                    plan.layout, plan.length, subclasses=tensor_types(plan.probe[0]), share=share,
                     capacity_bytes=capacity, budget_bytes=budget, progress=progress,
                 )
                 break
@@ -320,16 +342,43 @@ def _build_ram(
                 # each pass makes at least one more field ragged, so this ends.
                 log.info("%s: storing field(s) %s ragged and reading the samples again", err, err.fields)
                 plan.layout = as_ragged(plan.layout, err.fields)
-    return wrap_fields(fields, plan.layout, plan), held
+    return wrap_fields(fields, plan.layout, plan), held, share
 
 
-def _read(view: Any, n: int) -> Iterator[Any]:
+def ram_reserve_bytes(plan: CachePlan) -> int:
+    """Bytes a ``ram`` build of ``plan`` reserves: its size where fixed (or once built), the ragged
+    buffers' headroom above the estimate otherwise."""
+    if plan.real_bytes is not None:
+        return plan.real_bytes
+    expected = plan.estimate()
+    if is_ragged(plan.layout) or plan.table is not None:
+        return int(RAGGED_HEADROOM * (expected.mean + expected.spread) * plan.length)
+    return expected.total
+
+
+def in_shm(nbytes: int) -> bool:
+    """Whether a cache of ``nbytes`` goes to /dev/shm (NOTE [ Shared memory ] 4 in shm.py)."""
+    free = shm_free_bytes()
+    return free is None or nbytes <= CACHE_SHM_FRACTION * free  # None: no /dev/shm to fill (macOS)
+
+
+def _read(view: Any, n: int, sample_bytes: float = 0.0) -> Iterator[Any]:
     """``view[0], view[1], ...``: in this process, or in order from worker processes.
 
     The build is one pass of decoding over the whole data set; on a machine with several CPUs the
-    workers share it (the prefix is deterministic, so where it runs changes nothing).
+    workers share it (the prefix is deterministic, so where it runs changes nothing). The samples
+    they hand back pass through /dev/shm: as many workers and chunks in flight as its free space
+    holds (``sample_bytes`` each), none where not even one chunk fits.
     """
     workers = min(MAX_BUILD_WORKERS, usable_cpu_count())
+    prefetch = BUILD_PREFETCH
+    chunk_bytes = int(sample_bytes * BUILD_CHUNK)
+    free = shm_free_bytes()
+    while workers > 1 and not shm.fits(shm.worker_bytes(workers, prefetch, chunk_bytes), free):
+        if prefetch > 1:
+            prefetch //= 2
+        else:
+            workers -= 1
     if n < PARALLEL_BUILD_SAMPLES or workers < 2:
         if hasattr(view, "__getitems__"):  # a table: rows read a batch at a time
             for start in range(0, n, TABLE_READ_ROWS):
@@ -339,14 +388,17 @@ def _read(view: Any, n: int) -> Iterator[Any]:
                 yield view[i]
         return
     loader = DataLoader(
-        view, batch_size=BUILD_CHUNK, num_workers=workers, collate_fn=_as_list, prefetch_factor=4
+        view, batch_size=BUILD_CHUNK, num_workers=workers, collate_fn=_shared_list, prefetch_factor=prefetch
     )
     for chunk in loader:
         yield from chunk
 
 
-def _as_list(samples: list[Any]) -> list[Any]:
-    return samples
+def _shared_list(samples: list[Any]) -> list[Any]:
+    """A build worker's chunk, its tensors moved to shared memory here: a /dev/shm too full for them
+    then fails the build with torch's error, where in the queue's feeder thread it would be lost and
+    the build would wait for ever (NOTE [ Shared memory ] 2 in shm.py)."""
+    return shm.share_tensors(samples)
 
 
 def _build_device(dataset: Any, plan: CachePlan, device: torch.device) -> tuple[Any, int]:

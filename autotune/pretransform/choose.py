@@ -10,7 +10,16 @@ from torch.utils.data import Dataset
 
 from ..describe import contains_cuda
 from ..exceptions import CandidateInfeasible, ConfigurationError, StaleCacheWarning
-from .build import Prepared, build, build_seconds, complete_filling, fill_in_pass, stale_message
+from .build import (
+    Prepared,
+    build,
+    build_seconds,
+    complete_filling,
+    fill_in_pass,
+    in_shm,
+    ram_reserve_bytes,
+    stale_message,
+)
 from .reuse import keep_build, plan_for, stored_build
 from .split import CachePlan
 from .stores import ProgressFn, fmt_bytes, is_ragged
@@ -137,6 +146,19 @@ def prepare(
         )
     keep_build(dataset, key, plan, prepared)
     return prepared
+
+
+def shm_bytes(dataset: Dataset[Any]) -> int:
+    """Bytes a ``ram`` cache of ``dataset`` would take from /dev/shm when built: 0 when it is built
+    already (then it is no longer free space), cannot be built, or would be kept in private memory
+    (NOTE [ Shared memory ] 4 in shm.py)."""
+    if stored_build(dataset, (id(dataset), "ram", "cpu")) is not None:
+        return 0
+    plan, _ = plan_for(dataset)
+    if plan.reason is not None:
+        return 0
+    need = ram_reserve_bytes(plan)
+    return need if in_shm(need) else 0
 
 
 def estimate_build_s(dataset: Dataset[Any]) -> float | None:

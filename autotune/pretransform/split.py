@@ -216,7 +216,7 @@ def wrap_table(plan: CachePlan, rows: Any, *, share: bool, **fill_kwargs: Any) -
     fields, _ = fill(
         image_rows(),
         layout,
-        plan.length if share else len(rows),
+        len(rows) if isinstance(rows, list) else plan.length,  # the probes, or the whole table read
         subclasses=(torch.Tensor,) * len(layout),
         share=share,
         **fill_kwargs,
