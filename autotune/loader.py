@@ -462,6 +462,8 @@ class DataLoader(tud.DataLoader[T_co]):
         device = self._tuning.plan.device
         t = self._tuning
         filling = t.filling_pass() if stretch.feed is not None else None
+        if filling is not None and not filling.shared and c.num_workers and not c.threaded:
+            filling = None  # in private memory: this process and its threads fill it, not workers
         if c.pretransform == "ram" or filling is not None:
             # The ram cache, filled by the samples this epoch loads anyway (NOTE [ Filling caches ]):
             # while it fills, every stretch loads through it; once full, a ram candidate reads it.

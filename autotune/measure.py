@@ -243,8 +243,13 @@ def build_loader(
                 " plain torch DataLoader with the worker processes you want."
             )
         return ThreadDataLoader(data, **kwargs)
-    if prepared.strategy == "ram" and not prepared.shared and workers and start_method(
-            kwargs.get("multiprocessing_context")) != "fork":
+    private = prepared.strategy == "ram" and not prepared.shared and workers
+    if private and not prepared.fill_counts().complete:
+        raise CandidateInfeasible(
+            f"the pretransform='ram' cache fills in private memory ({SHM_DIR} could not hold it):"
+            " worker processes would each fill a copy of their own; use thread workers or num_workers=0"
+        )
+    if private and start_method(kwargs.get("multiprocessing_context")) != "fork":
         raise CandidateInfeasible(
             f"the pretransform='ram' cache is in private memory ({SHM_DIR} could not hold it), which"
             f" worker processes started by {start_method(kwargs.get('multiprocessing_context'))!r}"

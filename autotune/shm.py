@@ -32,7 +32,9 @@ it is full, and the fix a person can apply.
 #    memory, which forked workers (Linux's default start method) read without a copy as well: its
 #    pages are only ever read, so copy-on-write never copies them. Workers started by spawn or
 #    forkserver would receive a private cache pickled, copied into /dev/shm, so they are refused for
-#    it (see ``pretransform.build``).
+#    it (see ``pretransform.build``). A cache the loading pass fills (NOTE [ Filling caches ]) is
+#    written by whoever loads a sample: in private memory only this process and its threads fill it,
+#    so worker processes do not load through it until it is full (``measure.build_loader``).
 # The search estimates what a candidate needs (:func:`worker_bytes`) against the free space read
 # when the space is made, so it does not pick workers blindly; what it did not foresee fails the
 # candidate with its reason (``measure.map_loader_error``), never the user's loop.

@@ -187,6 +187,39 @@ def test_a_cache_too_big_for_dev_shm_is_read_by_forked_workers_without_a_copy(sh
     assert seen["left"] == []
 
 
+def test_a_cache_filled_while_loading_fills_in_private_memory_where_dev_shm_cannot_spare_it(
+        shm64: list[str]) -> None:
+    # The drop-in fills its ram cache from the samples the epochs load (NOTE [ Filling caches ]).
+    # Too big for a quarter of 64 MiB, it is kept in private memory: this process and its threads
+    # fill it; worker processes would fill copies of their own, so they do not load through it.
+    seen = _script(shm64, """
+        from test_pretransform import BigTensors
+        from autotune import pretransform as pt
+        from autotune.exceptions import CandidateInfeasible
+        from autotune.measure import build_loader
+        from autotune.space import Candidate
+
+        ds = BigTensors(512)  # 24 MiB of images
+        prepared = pt.prepare(ds, "ram", device=torch.device("cpu"), fill="pass")
+        try:
+            build_loader(ds, Candidate(64, 2, prefetch_factor=2), prepared=prepared)
+            refused = None
+        except CandidateInfeasible as err:
+            refused = str(err)
+        thread = build_loader(ds, Candidate(64, 2, prefetch_factor=2, worker_kind="thread"),
+                              prepared=prepared)
+        got = sum(len(labels) for _, labels in thread)
+        counts = prepared.fill_counts()
+        same = all(torch.equal(prepared.dataset[i][0], ds[i][0]) for i in (0, 255, 511))
+        print(json.dumps({"in_shm": prepared.shared, "refused": refused, "every": got == 512,
+                          "complete": counts.complete, "same": same, "left": segments()}))
+    """)
+    assert seen["in_shm"] is False
+    assert seen["refused"] is not None and "private memory" in seen["refused"]
+    assert seen["every"] and seen["complete"] and seen["same"]
+    assert seen["left"] == []
+
+
 def test_running_out_of_dev_shm_is_the_candidates_failure(shm64: list[str]) -> None:
     seen = _script(shm64, """
         import os

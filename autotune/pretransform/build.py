@@ -248,13 +248,9 @@ def fill_in_pass(dataset: Any, plan: CachePlan, *, memory_budget_bytes: int | No
             f"a cache would need ~{fmt_bytes(expected.total)} ({expected.describe()}), over the memory"
             f" budget of {fmt_bytes(memory_budget_bytes)}"
         )
-    if not in_shm(fixed + capacity):
-        raise CandidateInfeasible(
-            f"pretransform='ram' (fill='pass'): the cache, ~{fmt_bytes(fixed + capacity)}, is filled by"
-            f" the worker processes through {SHM_DIR}, which cannot spare that"
-            f" ({fmt_bytes(shm_free_bytes() or 0)} free); build it before use (fill='build'), which keeps"
-            " it in private memory"
-        )
+    # In /dev/shm where it can spare the space, so that worker processes fill it; otherwise in
+    # private memory, which only this process and its threads fill (``measure.build_loader``).
+    shared = in_shm(fixed + capacity)
     indices = probe_indices(plan.length)
     probes = Picked(view, indices)
     if not prove(dataset, plan, indices, _filling(probes, plan, len(indices), capacity, share=False)):
@@ -262,10 +258,11 @@ def fill_in_pass(dataset: Any, plan: CachePlan, *, memory_budget_bytes: int | No
             "pretransform='ram' (fill='pass'): the cache filled while loading gave other samples than"
             " the dataset on the probes; build it before use (fill='build')"
         )
-    wrapped = _filling(view, plan, plan.length, capacity, share=True)
+    wrapped = _filling(view, plan, plan.length, capacity, share=shared)
     plan.fingerprint = fingerprint(dataset, plan)  # what the cache freezes is what it is now
     reserved = fixed + capacity
-    detail = f"{plan.detail}; filled as samples are loaded ({fmt_bytes(reserved)} reserved)"
+    where = "" if shared else f" in private memory, {SHM_DIR} could not spare it"
+    detail = f"{plan.detail}; filled as samples are loaded ({fmt_bytes(reserved)} reserved{where})"
     return Prepared(
         dataset=wrapped,
         strategy="ram",
@@ -273,7 +270,7 @@ def fill_in_pass(dataset: Any, plan: CachePlan, *, memory_budget_bytes: int | No
         build_s=time.perf_counter() - t0,
         nbytes=reserved,
         detail=detail,
-        shared=True,
+        shared=shared,
         freshness=Freshness(dataset, plan),
     )
 
@@ -293,7 +290,7 @@ def complete_filling(prepared: Prepared) -> Prepared:
     flags = wrapper.filler.flags
     missing = torch.nonzero(flags == EMPTY).flatten().tolist()
     if missing:
-        for _ in _read(Completing(wrapper, missing), len(missing)):
+        for _ in _read(Completing(wrapper, missing), len(missing), in_process=not prepared.shared):
             pass
     return replace(prepared, build_s=prepared.build_s + time.perf_counter() - t0)
 
@@ -362,8 +359,9 @@ def in_shm(nbytes: int) -> bool:
     return free is None or nbytes <= CACHE_SHM_FRACTION * free  # None: no /dev/shm to fill (macOS)
 
 
-def _read(view: Any, n: int, sample_bytes: float = 0.0) -> Iterator[Any]:
-    """``view[0], view[1], ...``: in this process, or in order from worker processes.
+def _read(view: Any, n: int, sample_bytes: float = 0.0, *, in_process: bool = False) -> Iterator[Any]:
+    """``view[0], view[1], ...``: in this process (``in_process``, or too few samples to share), or in
+    order from worker processes.
 
     The build is one pass of decoding over the whole data set; on a machine with several CPUs the
     workers share it (the prefix is deterministic, so where it runs changes nothing). The samples
@@ -379,7 +377,7 @@ def _read(view: Any, n: int, sample_bytes: float = 0.0) -> Iterator[Any]:
             prefetch //= 2
         else:
             workers -= 1
-    if n < PARALLEL_BUILD_SAMPLES or workers < 2:
+    if in_process or n < PARALLEL_BUILD_SAMPLES or workers < 2:
         if hasattr(view, "__getitems__"):  # a table: rows read a batch at a time
             for start in range(0, n, TABLE_READ_ROWS):
                 yield from view.__getitems__(list(range(start, min(n, start + TABLE_READ_ROWS))))

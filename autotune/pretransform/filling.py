@@ -8,6 +8,8 @@
 #    starts: fixed-shape fields as (n, ...) tensors, ragged ones as a flat buffer with a (start, stop)
 #    span and a shape per sample (``FilledColumn``). Pages never written take no memory. A flag per
 #    sample, also shared: EMPTY, FILLED, or UNSTORABLE (it does not fit the layout the probes gave).
+#    Where /dev/shm cannot spare the space, all of it is in private memory instead, filled by this
+#    process and its threads only (NOTE [ Shared memory ] 4 in shm.py).
 # 2. Loading sample i: FILLED, the built cache's own wrapper reads it. EMPTY, the raw sample goes
 #    through the prefix exactly as a build reads it (``PrefixView``), is written to its place, the flag
 #    set, and then read back through the built cache's wrapper, so the random suffix sees the same
