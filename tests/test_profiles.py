@@ -345,9 +345,9 @@ sys.modules["autotune"] = _pkg
 CACHE_HIT_CODE = """
 import sys
 import autotune
-from autotune.workloads import CIFAR10Like
-result = autotune.tune_loader(CIFAR10Like(256), batch_size=16, budget_s=3, progress=False,
-                              pretransform="none", max_workers=1)
+from autotune.workloads import CIFAR10Like, cifar_train_transform
+result = autotune.tune_loader(CIFAR10Like(256, transform=cifar_train_transform()), batch_size=16,
+                              budget_s=3, progress=False, pretransform="none", max_workers=1)
 print(result.from_cache, "sqlalchemy" in {m.split(".")[0] for m in sys.modules})
 """
 
