@@ -449,6 +449,9 @@ class DataLoader(tud.DataLoader[T_co]):
                 self._apply_threads(c)
             assert held.sampler is not None
             held.sampler.feed, held.sampler.limit = stretch.feed, stretch.limit
+            # A kept iterator is reset from its loader: the length torch warns against is the one
+            # asked of this loader since (as _build carries it to a new one).
+            held.inner._IterableDataset_len_called = self._IterableDataset_len_called
             return held.inner, held.sampler, True
         sampler = FeedSampler(stretch.feed, stretch.limit) if stretch.feed is not None else None
         return self._build(c, sampler, stretch), sampler, False

@@ -780,6 +780,29 @@ def test_a_sized_stream_warns_past_its_length_as_torch_does(stream_state: str) -
     assert expected > 0 and got == expected
 
 
+def test_kept_workers_warn_past_a_stream_s_length_asked_after_they_started(stream_state: str) -> None:
+    # persistent_workers=True: torch resets the same iterator each epoch and takes the length asked
+    # of the loader since then; the warning comes once len(loader) was asked, not before.
+    class Longer(SizedStream):
+        def __len__(self) -> int:
+            return 10
+
+    def loop(loader: Any, g: Any) -> list[int]:
+        counts = []
+        for ask in (False, True):
+            if ask:
+                len(loader)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                list(loader)
+            counts.append(sum("Length of IterableDataset" in str(w.message) for w in seen))
+        return counts
+
+    kwargs = {"batch_size": 2, "num_workers": 2, "persistent_workers": True}
+    expected, got = both(stream_state, loop, Longer, kwargs=lambda ds, g: kwargs)
+    assert expected[0] == 0 and expected[1] > 0 and got == expected
+
+
 def test_workers_kept_alive_see_the_dataset_as_they_started(state: str) -> None:
     # persistent_workers=True written: torch keeps the same worker processes for the run, so a change
     # the main process makes to the dataset between epochs never reaches them.
