@@ -44,7 +44,6 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
-from . import pretransform as pt
 from .describe import dataset_length
 from .epochs import (
     Driver,
@@ -57,11 +56,10 @@ from .epochs import (
     Stretch,
 )
 from .exceptions import ConfigurationError
-from .measure import THREAD_COUNTS, build_loader
+from .inner import Held, apply_threads, inner_for
 from .plan import baseline_candidate, make_plan
 from .result import DEFAULT_EPOCHS, TuneResult
 from .space import Candidate
-from .supervise import stop_iterator
 from .tuning import Fixed, Tuning
 
 T_co = TypeVar("T_co", covariant=True)
@@ -108,26 +106,6 @@ def _notify(event: str, loader: DataLoader) -> None:
     for listener in list(_listeners):
         with contextlib.suppress(Exception):
             getattr(listener, event)(loader)
-
-
-class _Held:
-    """What a loader holds that must be let go: the settled configuration's inner loader (its
-    persistent workers) and its place in the thread-count stack. Apart from the loader, so that it
-    can be released when the loader is collected."""
-
-    def __init__(self) -> None:
-        self.inner: Any = None
-        self.inner_for: Candidate | None = None
-        self.sampler: FeedSampler | None = None
-
-    def drop_inner(self) -> None:
-        inner, self.inner, self.inner_for, self.sampler = self.inner, None, None, None
-        if inner is not None:
-            stop_iterator(getattr(inner, "_iterator", None))
-
-    def release(self) -> None:
-        self.drop_inner()
-        THREAD_COUNTS.release(id(self))
 
 
 class DataLoader(tud.DataLoader[T_co]):
@@ -230,7 +208,7 @@ class DataLoader(tud.DataLoader[T_co]):
             fixed = replace(fixed, torch_threads=_configured.torch_threads,
                             leave_threads=_configured.torch_threads is None)
         self._origin = _origin()
-        self._held = _Held()
+        self._held = Held()
         self._epoch_iterator: weakref.ref[EpochIterator] | None = None
         """The iterator torch would keep with persistent workers (held weakly: the iterator holds
         the loader, and a cycle would keep the workers alive until the garbage collector ran)."""
@@ -424,106 +402,16 @@ class DataLoader(tud.DataLoader[T_co]):
     def _live_iterators(self) -> int:
         return sum(1 for it in self._live if not it._ended)
 
-    # -- inner loaders -----------------------------------------------------------------------------
+    # -- inner loaders (inner.py) ------------------------------------------------------------------
 
     def _inner_for(self, stretch: Stretch) -> tuple[Any, FeedSampler | None, bool]:
         """(inner loader, its sampler, whether it is the held one) for ``stretch``."""
-        c = stretch.candidate
-        held = self._held
-        if self._user_persistent:
-            # The caller keeps its workers for the run, and torch keeps the same processes: so does
-            # this loader, for every stretch (only the main process's thread count is searched).
-            keep = not stretch.private
-        else:
-            keep = (stretch.limit is None and stretch.phase is None and not stretch.private
-                    and c == self._tuning.settled and c.persistent_workers)
-        if keep:
-            key = replace(c, torch_threads=None)
-            prepared = getattr(held.inner, "_autotune_prepared", None)
-            if held.inner is None or held.inner_for != key or (
-                    prepared is not None and prepared.stale_reason() is not None):
-                held.drop_inner()
-                held.sampler = FeedSampler(stretch.feed)
-                held.inner, held.inner_for = self._build(c, held.sampler, stretch), key
-            else:
-                self._apply_threads(c)
-            assert held.sampler is not None
-            held.sampler.feed, held.sampler.limit = stretch.feed, stretch.limit
-            # A kept iterator is reset from its loader: the length torch warns against is the one
-            # asked of this loader since (as _build carries it to a new one).
-            held.inner._IterableDataset_len_called = self._IterableDataset_len_called
-            return held.inner, held.sampler, True
-        sampler = FeedSampler(stretch.feed, stretch.limit) if stretch.feed is not None else None
-        return self._build(c, sampler, stretch), sampler, False
-
-    def _build(self, c: Candidate, sampler: FeedSampler | None, stretch: Stretch) -> Any:
-        self._apply_threads(c)
-        if c.num_workers and stretch.limit is not None:
-            c = replace(c, in_order=True)  # a measured stretch must know which items it handed out
-        elif c.num_workers:
-            c = replace(c, in_order=c.in_order and self.in_order)
-        device = self._tuning.plan.device
-        t = self._tuning
-        filling = t.filling_pass() if stretch.feed is not None else None
-        if filling is not None and not filling.shared and c.num_workers and not c.threaded:
-            filling = None  # in private memory: this process and its threads fill it, not workers
-        if c.pretransform == "ram" or filling is not None:
-            # The ram cache, filled by the samples this epoch loads anyway (NOTE [ Filling caches ]):
-            # while it fills, every stretch loads through it; once full, a ram candidate reads it.
-            prepared = pt.prepare(self.dataset, "ram", device=device,
-                                  memory_budget_bytes=t.plan.cache_budget(), fill="pass")
-            t.filling = prepared
-        else:
-            prepared = pt.prepare(self.dataset, c.pretransform, device=device,
-                                  memory_budget_bytes=t.plan.cache_budget())
-        # The user's own timeout wins; the baseline and an unmeasured stretch wait as the user's loader
-        # would; a candidate being explored is dropped after the batch time limit if it hangs.
-        measured_candidate = stretch.phase is not None and not stretch.baseline
-        timeout = self.timeout or (self._explore_timeout_s if measured_candidate else 0.0)
-        kw: dict[str, Any] = {"worker_init_fn": self.worker_init_fn,
-                              "pin_memory_device": self.pin_memory_device,
-                              "generator": self._inner_generator()}
-        if c.num_workers and c.worker_kind == "process":
-            kw["multiprocessing_context"] = self.multiprocessing_context
-        if c.threaded:
-            kw.pop("worker_init_fn")
-        if isinstance(self.dataset, tud.IterableDataset):
-            kw.update(batch_size=self.batch_size, drop_last=self.drop_last)
-        elif self._auto_collation:
-            kw["batch_sampler"] = sampler
-        else:
-            kw.update(batch_size=None, sampler=sampler)
-        loader = build_loader(self.dataset, c, device=device, shuffle=False, collate_fn=self.collate_fn,
-                              batch_timeout_s=timeout, prepared=prepared, **kw)
-        loader._autotune_prepared = prepared
-        # torch warns when a stream yields more than its len(), once len(loader) was asked: the
-        # flag lives on the loader the user asked, so the inner one carries it over.
-        loader._IterableDataset_len_called = self._IterableDataset_len_called
-        return loader
-
-    def _inner_generator(self) -> torch.Generator:
-        """A private generator whose first draw is the base seed the epoch drew, as torch's iterator
-        would (so the first inner loader's workers are seeded as the user's own loader's would be);
-        each later inner loader of the epoch starts one draw further. The user's RNGs are untouched."""
-        g = torch.Generator()
-        if self._seed_state is not None:
-            g.set_state(self._seed_state)
-        for _ in range(self._inner_loaders):
-            torch.empty((), dtype=torch.int64).random_(generator=g)
-        self._inner_loaders += 1
-        return g
+        return inner_for(self, stretch)
 
     # -- settling ----------------------------------------------------------------------------------
 
-    def _apply_threads(self, c: Candidate) -> None:
-        """The torch thread count ``c`` was measured with, held for this loader (or let go)."""
-        if c.torch_threads is not None:
-            THREAD_COUNTS.hold(id(self._held), c.torch_threads)
-        else:
-            THREAD_COUNTS.release(id(self._held))
-
     def _settle(self, c: Candidate) -> None:
-        self._apply_threads(c)
+        apply_threads(self, c)
         if self._held.inner_for is not None and self._held.inner_for != replace(c, torch_threads=None):
             self._held.drop_inner()
         _notify("settled", self)
@@ -538,7 +426,7 @@ class DataLoader(tud.DataLoader[T_co]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._held = _Held()
+        self._held = Held()
         self._epoch_iterator = None
         self._live = weakref.WeakSet()
         weakref.finalize(self, self._held.release)
@@ -592,5 +480,3 @@ def _fixed(given: dict[str, Any], torch_threads: int | str | None) -> Fixed:
         prefetch_factor=given.get("prefetch_factor"), persistent_workers=given.get("persistent_workers"),
         torch_threads=threads, leave_threads=torch_threads is None,
     )
-
-

@@ -130,7 +130,8 @@ def test_a_ram_cache_fills_from_the_epochs_and_is_then_measured(no_leaked_childr
     assert filling is not None and filling.filled_fraction() == 1.0
     assert tuning is not None
     ram = [t for t in tuning.trials if t.candidate.pretransform == "ram"]
-    assert ram and all(t.measurement is None or t.measurement.build_s < 5.0 for t in ram)
+    table = "\n".join(f"{t.phase} {t.state} {t.candidate.label()} {t.reason or ''}" for t in tuning.trials)
+    assert ram and all(t.measurement is None or t.measurement.build_s < 5.0 for t in ram), table
 
 
 def test_the_order_is_the_sampler_s_while_exploring(no_leaked_children) -> None:
