@@ -114,6 +114,7 @@ def test_a_ram_cache_fills_from_the_epochs_and_is_then_measured(no_leaked_childr
     # The deterministic part of each sample is stored by the pass that loads it anyway: no blocking
     # build, every sample once per epoch, and once the cache is full its candidates are measured
     # against the choice and the baseline (which one wins is a measurement: not asserted).
+    from autotune.tuning import FILLED_ENOUGH
     from autotune.workloads import CIFAR10Like, cifar_train_transform
 
     ds = CIFAR10Like(1536, transform=cifar_train_transform())
@@ -127,7 +128,9 @@ def test_a_ram_cache_fills_from_the_epochs_and_is_then_measured(no_leaked_childr
             seen.append(counts)
         tuning, filling = loader.tuning, loader._tuning.filling
     assert all(sum(c.values()) == len(ds) for c in seen)
-    assert filling is not None and filling.filled_fraction() == 1.0
+    # Filled far enough to be measured as a cache; the last samples are stored only while a stretch
+    # still loads through it (a ram candidate does; once the cache is ready, the others do not).
+    assert filling is not None and filling.filled_fraction() >= FILLED_ENOUGH
     assert tuning is not None
     ram = [t for t in tuning.trials if t.candidate.pretransform == "ram"]
     table = "\n".join(f"{t.phase} {t.state} {t.candidate.label()} {t.reason or ''}" for t in tuning.trials)
