@@ -15,6 +15,15 @@
 # the loop waits for). Throughput is samples over the wall time of that window (the later half of the
 # measured items: the earlier half may still drain a backlog).
 #
+# Hiding start-up: a measured stretch that has its window stops taking items from the feed (it is
+# "sealed") and serves only what its workers already took, its backlog. Its outcome is recorded then,
+# the next stretch is chosen and started at once (its workers start and prefetch from the feed, after
+# the sealed stretch's items), and it takes over when the backlog is served: the next candidate's
+# start-up overlaps the last batches of this one instead of stalling the loop, and the backlog's work is
+# served rather than given back and loaded again. Order is kept: the next stretch's items all come after
+# the sealed one's. Should the sealed stretch fail while it drains, or the epoch end, the started
+# stretch is closed first (unrecorded), so that each gives back its items in the feed's order.
+#
 # Failures: a candidate that fails (a worker crashes, hangs past the batch time limit, cannot start)
 # ends its stretch with the reason, and the items it did not hand out are served by the baseline. An
 # error raised while the baseline (the user's own settings) serves is the user's: it reaches the caller
@@ -50,6 +59,10 @@ log = logging.getLogger("autotune")
 ABANDON_AFTER = 3
 """Measured items before a candidate may be abandoned."""
 
+HIDE_STARTUP = True
+"""Whether a measured stretch serves its backlog while the next one starts (NOTE [ Epochs and
+stretches ]); ``benchmarks/startup.py`` turns it off to measure what it saves."""
+
 
 class Feed:
     """The epoch's items, drawn lazily from the sampler; items given back come out first.
@@ -81,6 +94,12 @@ class Feed:
             raise
         self._pulled += 1
         return item
+
+    def has_more(self) -> bool:
+        """Whether items are known to be left, without drawing from the sampler (``False`` where the
+        sampler has no length and only a draw could tell)."""
+        return bool(self._back) or (not self._ended and self._length is not None
+                                    and self._pulled < self._length)
 
     def give_back(self, items: list[Any]) -> None:
         self._back.extendleft(reversed(items))
@@ -229,6 +248,9 @@ class Stretch:
         self.abandoned = False
         self.interfered = False
         self.done = False
+        self.sealed = False
+        """Taking no more items: serving its backlog while the next stretch starts (NOTE above)."""
+        self.recorded = False
         self.exhausted = False
         """The inner loader ran out before the stretch's limit: the epoch has no items left."""
         self.measurement: Measurement | None = None
@@ -272,7 +294,9 @@ class Stretch:
             self.line.steps.append(now - self.last)
         if self.done:
             raise StopIteration
-        if self.phase is not None and not self.whole and self._measured_enough(now):
+        measured = (self.phase is not None and not self.whole and not self.sealed
+                    and self._measured_enough(now))
+        if measured and (self.abandoned or not self._seal()):  # else it serves its backlog first
             self.done = True
             raise StopIteration
         if self.limit is not None and self.served + self.raised >= self.limit:
@@ -303,6 +327,24 @@ class Stretch:
         self.samples += n
         self.last = time.perf_counter()
         return item
+
+    def _seal(self) -> bool:
+        """Take no more items and serve the ones taken (NOTE [ Epochs and stretches ], hiding
+        start-up); ``False`` where there is nothing to serve or the next stretch could not start."""
+        sampler, feed = self.sampler, self.feed
+        if (not HIDE_STARTUP or sampler is None or feed is None or self.held
+                or not self.candidate.num_workers or not self.candidate.in_order or not feed.has_more()):
+            return False
+        if len(sampler.taken) <= self.served + self.raised:
+            return False
+        sampler.limit = self.limit = len(sampler.taken)
+        self.sealed = True
+        return True
+
+    def take_over(self) -> None:
+        """A stretch started ahead of its turn begins serving: its start-up is what the loop waits
+        from now to its first item, and its wall time counts from now."""
+        self.started_at = time.perf_counter()
 
     def _measured_enough(self, now: float) -> bool:
         if self.line.rate_below(self.abandon_below, now):
@@ -491,6 +533,8 @@ class EpochIterator:
         self._served = 0
         self._ended = False
         self._fallback: Any = None
+        self._next: Stretch | None = None
+        """The stretch started while a sealed one serves its backlog (NOTE [ Epochs and stretches ])."""
         self._loader._register(self)
         if self._loader._eager_start:  # torch starts its workers in iter() for the user's settings
             stretch = self._open()
@@ -515,16 +559,52 @@ class EpochIterator:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _open(self) -> Stretch | None:
+        ahead = self._next
+        stretch: Stretch | None
+        if ahead is not None:
+            self._next = None
+            ahead.take_over()
+            self._stretch = ahead
+            if ahead.failure is not None:  # it failed as it started: its share goes to the baseline
+                self._failed(ahead)
+                return self._open()
+            return ahead
         if self._fallback is not None:
             limit, self._fallback = self._fallback, None
-            stretch: Stretch | None = self._driver.fallback(None if limit is _TO_THE_END else limit)
+            stretch = self._driver.fallback(None if limit is _TO_THE_END else limit)
         else:
             stretch = self._driver.next_stretch()
         self._stretch = stretch
         return stretch
 
+    def _start_next(self, sealed: Stretch) -> None:
+        """``sealed`` has its measurement: record it and start the stretch after it now."""
+        sealed.recorded = True
+        self._driver.record(sealed)
+        nxt = self._driver.next_stretch()
+        if nxt is None:
+            return
+        self._next = nxt
+        self._driver.tuning.started_ahead += 1
+        log.debug("autotune: %s starts while %s serves its last %d items", nxt.candidate.label(),
+                  sealed.candidate.label(), sealed.remaining() or 0)
+        try:
+            nxt.start()
+        except Failed:
+            pass  # recorded when it takes over (``_open``)
+        except Exception:
+            # The user's own error, from the user's settings: raised in its turn, not ahead of it.
+            self._drop_next()
+
+    def _drop_next(self) -> None:
+        """Close the stretch started ahead, unrecorded: it gives its items back to the feed's front."""
+        nxt, self._next = self._next, None
+        if nxt is not None:
+            nxt.close()
+
     def _failed(self, stretch: Stretch) -> None:
         """The rest of a failed stretch goes to the baseline (NOTE [ Epochs and stretches ])."""
+        self._drop_next()
         left = stretch.remaining()
         self._close_stretch()
         if left != 0:
@@ -545,6 +625,8 @@ class EpochIterator:
                 item = stretch.next()
             except StopIteration:
                 self._close_stretch()
+                if self._next is not None:
+                    continue  # the stretch started ahead takes over (``_open``)
                 feed = self._driver.feed
                 if (stretch.exhausted and feed is None) or (feed is not None and feed.drained()):
                     self._end(complete=True)
@@ -553,6 +635,8 @@ class EpochIterator:
             except Failed:
                 self._failed(stretch)
                 continue
+            if stretch.sealed and not stretch.recorded:
+                self._start_next(stretch)
             self._served += 1
             self._loader._served_batches += 1
             if self._driver.tuning.cuda_data is None:
@@ -565,13 +649,16 @@ class EpochIterator:
             if stretch.it is not None:
                 self._last_it = stretch.it
             stretch.close()
-            self._driver.record(stretch)
+            if not stretch.recorded:
+                stretch.recorded = True
+                self._driver.record(stretch)
 
     def _end(self, complete: bool) -> None:
         if self._ended:
             return
         self._ended = True
         try:
+            self._drop_next()
             self._close_stretch()
         finally:
             self._loader._unregister(self)

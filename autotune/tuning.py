@@ -146,6 +146,8 @@ class Tuning:
         """The ram cache filled by the loading pass, where one applies."""
         self.challenged = False
         """Whether the filled cache was measured against the settled choice already."""
+        self.started_ahead = 0
+        """Stretches whose workers started while the one before served its backlog (epochs.py)."""
         self.epoch_items: int | None = None
         """Items an epoch has (``None``: no length); a candidate needing more than half of them for
         one measurement is not tried."""

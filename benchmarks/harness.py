@@ -6,6 +6,7 @@ import argparse
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from autotune.machine import detect_machine
 
@@ -19,6 +20,14 @@ def out_folder(args: argparse.Namespace, quick_prefix: str) -> Path:
     if args.out is not None:
         return Path(args.out)
     return Path(tempfile.mkdtemp(prefix=quick_prefix)) if args.quick else RESULTS_DIR
+
+
+def fill_in(args: argparse.Namespace, quick: dict[str, Any], full: dict[str, Any]) -> None:
+    """Give each option left unset on the command line its value: the smoke run's with ``--quick``,
+    else the full run's."""
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def require_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:

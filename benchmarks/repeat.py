@@ -266,11 +266,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="folder for REPEAT.md and repeat.json (default: benchmarks/; with --quick, a new"
                    " temporary folder)")
     args = p.parse_args(argv)
-    defaults = QUICK if args.quick else {"tunings": TUNINGS, "rounds": ROUNDS, "min_epoch_s": MIN_EPOCH_S,
-                                         "window_s": WINDOW_S, "workload": list(DEFAULT_WORKLOADS)}
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    harness.fill_in(args, QUICK, {"tunings": TUNINGS, "rounds": ROUNDS, "min_epoch_s": MIN_EPOCH_S,
+                                  "window_s": WINDOW_S, "workload": list(DEFAULT_WORKLOADS)})
     harness.require_positive(p, args, "tunings", "rounds")
     return args
 

@@ -531,10 +531,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="folder for TRAINING.md and training.json (default: benchmarks/; with --quick,"
                    " a new temporary folder)")
     args = p.parse_args(argv)
-    defaults = QUICK if args.quick else {"min_epoch_s": MIN_EPOCH_S, "epochs": EPOCHS, "repeats": REPEATS}
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    harness.fill_in(args, QUICK, {"min_epoch_s": MIN_EPOCH_S, "epochs": EPOCHS, "repeats": REPEATS})
     args.no_short = args.no_short or args.quick
     harness.require_positive(p, args, "epochs", "repeats")
     return args

@@ -252,7 +252,18 @@ def test_repeat_quick_run_tunes_and_remeasures_with_both_drivers(tmp_path: Path)
     assert "Quick mode" in (tmp_path / "REPEAT.md").read_text()
 
 
-@pytest.mark.parametrize("script", ["training", "run_seed", "repeat"])
+def test_startup_quick_run_measures_both_arms(tmp_path: Path) -> None:
+    _quick("startup.py", tmp_path)
+    data = json.loads((tmp_path / "startup.json").read_text())
+    (workload,) = data["workloads"]
+    assert set(workload["runs"]) == {"ahead", "in turn"}
+    assert all(run["wall_s"] > 0 for runs in workload["runs"].values() for run in runs)
+    # The arm that starts each candidate in its turn never starts one ahead.
+    assert all(run["started_ahead"] == 0 for run in workload["runs"]["in turn"])
+    assert "Quick mode" in (tmp_path / "STARTUP.md").read_text()
+
+
+@pytest.mark.parametrize("script", ["training", "run_seed", "repeat", "startup"])
 def test_focused_benchmarks_write_beside_themselves_unless_quick(script: str) -> None:
     import importlib
 

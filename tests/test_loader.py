@@ -421,3 +421,44 @@ def test_out_of_order_delivery_is_used_once_settled_and_never_while_exploring() 
         assert Counter(_epoch(loader)) == Counter(range(512))
         settled = loader._held.inner  # the settled configuration's own loader
         assert settled is not None and settled.in_order is False
+
+
+def _torch_epochs(ds: Dataset, epochs: int, seed: int, **kw: Any) -> list[list[int]]:
+    loader = torch.utils.data.DataLoader(ds, generator=torch.Generator().manual_seed(seed), **kw)
+    return [_epoch(loader, step_s=0.0) for _ in range(epochs)]
+
+
+def test_the_next_candidate_starts_while_the_last_batches_are_served(no_leaked_children) -> None:
+    # Each stretch measured with worker processes hands over to the next one only after serving the
+    # batches its workers had already taken, and the next one's workers start meanwhile: the epoch
+    # is still exactly torch's, sample for sample, in order.
+    ds = Remote(3072, delay_s=0.003)
+    kw = {"batch_size": 16, "shuffle": True, "num_workers": 2}
+    expected = _torch_epochs(ds, 2, seed=7, **kw)
+    with DataLoader(ds, generator=torch.Generator().manual_seed(7), cache=False, pretransform="none",
+                    **kw) as loader:
+        got = [_epoch(loader) for _ in range(2)]
+        assert loader._tuning.started_ahead >= 1
+    assert got == expected
+
+
+def test_leaving_the_loop_while_a_stretch_starts_ahead_leaves_nothing_behind(no_leaked_children) -> None:
+    # The user breaks out right after the next stretch's workers started: they are stopped, and the
+    # next epoch is whole and in the order torch gives after the same break.
+    ds = Remote(3072, delay_s=0.003)
+    kw = {"batch_size": 16, "shuffle": True, "num_workers": 2}
+
+    def run(loader: Any, stop: Any) -> tuple[list[int], list[int]]:
+        first: list[int] = []
+        for batch in loader:
+            first.extend(int(v) for v in batch[0][:, 0])
+            if stop(first):
+                break
+        return first, _epoch(loader, step_s=0.0)
+
+    with DataLoader(ds, generator=torch.Generator().manual_seed(3), cache=False, pretransform="none",
+                    **kw) as loader:
+        got = run(loader, lambda _: loader._tuning.started_ahead > 0)
+        assert loader._tuning.started_ahead == 1
+    torch_loader = torch.utils.data.DataLoader(ds, generator=torch.Generator().manual_seed(3), **kw)
+    assert got == run(torch_loader, lambda first: len(first) >= len(got[0]))
