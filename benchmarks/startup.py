@@ -80,7 +80,10 @@ def one_run(b: Built, epochs: int, ahead: bool) -> dict[str, Any]:
         loader = DataLoader(b.make(), batch_size=b.batch_size, shuffle=True, cache_dir=str(store))
         times = train(loader, b.step, epochs)
         wall = time.perf_counter() - t0
-        chosen = loader.tuning.candidate.label() if loader.tuning else None
+        result = loader.tuning
+        chosen = None if result is None else result.candidate.label()
+        if chosen is not None and not loader.settled:
+            chosen = f"still exploring (best so far {chosen})"
         started_ahead = loader._tuning.started_ahead
         loader.close()
     finally:
