@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from autotune.decide import Ledger
+from autotune.epochs import Timeline
 from autotune.measure import Measurement
 from autotune.online import MAX_CANDIDATES, Explorer, Outcome
 from autotune.space import Candidate, SearchSpace
@@ -127,3 +128,39 @@ def test_fixed_settings_are_never_searched() -> None:
         ex.record(Outcome(c, phase, measurement(100.0, 0.5), samples=SAMPLES, wall_s=SAMPLES / 100.0))
     assert ex.decision is not None
     assert all((c.num_workers, c.prefetch_factor, c.worker_kind) == (2, 4, "process") for c in tried)
+
+
+# -- the stretch's measured window (NOTE [ Bursts ] in epochs.py) ------------------------------------
+
+
+def _timeline_of(arrivals: list[float], step_s: float, backlog: int) -> tuple[Timeline, float]:
+    """A stretch's timeline from the times its batches became ready, consumed by a loop whose step
+    takes ``step_s``: (the timeline, the time the loop asked for the next batch after the last)."""
+    line = Timeline(backlog=backlog, window_s=0.0)
+    asked = 0.0
+    for ready in arrivals:
+        got = max(asked, ready)
+        line.item(asked, got, 64)
+        line.steps.append(step_s)
+        asked = got + step_s
+    return line, asked
+
+
+def test_a_window_over_bursts_measures_whole_worker_cycles() -> None:
+    # Seven workers that started together deliver seven batches at once every half second: 14 batches
+    # a second. A window that ends on a burst would count far more.
+    workers, cycle_s = 7, 0.5
+    arrivals = [0.6 + cycle_s * (i // workers) + 0.002 * (i % workers) for i in range(workers * 5)]
+    line, end = _timeline_of(arrivals, step_s=0.005, backlog=2 * workers)
+    m = line.measurement(end, build_s=0.0)
+    assert m is not None
+    assert abs(m.samples_per_s / (64 * workers / cycle_s) - 1.0) < 0.05, m.samples_per_s
+
+
+def test_a_loop_that_never_waits_is_measured_at_its_own_pace() -> None:
+    # Batches always ready: the step sets the pace, and the window is the later half as before.
+    line, end = _timeline_of([0.0] * 40, step_s=0.01, backlog=4)
+    m = line.measurement(end, build_s=0.0)
+    assert m is not None
+    assert abs(m.samples_per_s / (64 / 0.01) - 1.0) < 0.1, m.samples_per_s
+    assert m.busy > 0.95
