@@ -61,7 +61,14 @@ from .decide import Phase, describe_error
 from .measure import WARMUP_BATCHES, Measurement, batch_length, quiet_worker_warning
 from .online import STRETCH_MIN_BATCHES, STRETCH_WINDOW_S, Outcome
 from .space import Candidate
-from .supervise import CHILD_SIGNAL, process_memory, remove_orphan_segments, stop_iterator, worker_pids
+from .supervise import (
+    CHILD_SIGNAL,
+    process_memory,
+    remove_orphan_segments,
+    start_iterator,
+    stop_iterator,
+    worker_pids,
+)
 
 if TYPE_CHECKING:
     from .loader import DataLoader
@@ -299,7 +306,7 @@ class Stretch:
             # torch's own warnings for the user's settings were given by the loader's iter(); a
             # candidate's pickling failure is its reason, the baseline's the user's to see.
             with quiet_worker_warning(pickle_errors=not self.baseline):
-                self.it = iter(self.inner)
+                self.it = start_iterator(self.inner)
         except Exception as err:
             if self.baseline:
                 raise

@@ -56,6 +56,7 @@ from .supervise import (
     Watchdog,
     interruptible,
     shut_down,
+    start_iterator,
     worker_pids,
 )
 from .threads import ThreadDataLoader
@@ -292,7 +293,7 @@ def _start(loader: Any, candidate: Candidate) -> Any:
     """``iter(loader)``; a dataset that cannot be sent to spawned workers fails the candidate."""
     try:
         with quiet_worker_warning():
-            return iter(loader)
+            return start_iterator(loader)
     except (TypeError, AttributeError, pickle.PicklingError) as err:
         if candidate.num_workers == 0 or candidate.threaded or "pickle" not in str(err).lower():
             raise

@@ -458,6 +458,52 @@ def _worker_death(dead: list[tuple[int, int]]) -> WorkerFailed | None:
     )
 
 
+def start_iterator(loader: Any) -> Any:
+    """``iter(loader)``, leaving no worker process behind when it is cut short.
+
+    Torch starts the workers one by one inside the iterator's constructor. An exception there (a
+    Ctrl-C most often) leaves a half-built iterator: its finalizer fails on what was not built yet,
+    and a worker started but not yet noted in its list outlives the call. Here the half-built
+    iterator is found in the exception's traceback and its workers stopped before the exception goes
+    on; torch's own finalizer is then skipped, since there is nothing left for it to do.
+    """
+    try:
+        return iter(loader)
+    except BaseException as err:
+        _stop_half_built(err.__traceback__)
+        raise
+
+
+def _stop_half_built(tb: Any) -> None:
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    while tb is not None:
+        frame = tb.tb_frame
+        it = frame.f_locals.get("self")
+        if frame.f_code.co_name == "__init__" and isinstance(it, _MultiProcessingDataLoaderIter):
+            workers = list(getattr(it, "_workers", ()))
+            started = frame.f_locals.get("w")  # the one started last, perhaps not in the list yet
+            if started is not None and not any(started is w for w in workers):
+                workers.append(started)
+            if getattr(it, "_worker_pids_set", False):
+                from torch.utils.data._utils import signal_handling
+
+                with contextlib.suppress(Exception):
+                    signal_handling._remove_worker_pids(id(it))
+                it._worker_pids_set = False
+            it._shutdown = True
+            for w in workers:
+                with contextlib.suppress(Exception):
+                    if w.pid is not None:
+                        w.terminate()
+            for w in workers:
+                with contextlib.suppress(Exception):
+                    if w.pid is not None:
+                        w.join(SHUTDOWN_TIMEOUT_S)
+            return
+        tb = tb.tb_next
+
+
 def stop_iterator(it: Any) -> None:
     """Shut one DataLoader iterator down: torch's worker processes (joined, and terminated by torch if
     they do not exit), or a ThreadDataLoader's threads. Errors on the way are not the caller's."""
