@@ -263,7 +263,27 @@ def test_startup_quick_run_measures_both_arms(tmp_path: Path) -> None:
     assert "Quick mode" in (tmp_path / "STARTUP.md").read_text()
 
 
-@pytest.mark.parametrize("script", ["training", "run_seed", "repeat", "startup"])
+def test_spin_quick_run_measures_every_arm_in_its_own_process_and_stops_its_hog(tmp_path: Path) -> None:
+    from benchmarks import spin
+
+    _quick("spin.py", tmp_path)
+    data = json.loads((tmp_path / "spin.json").read_text())
+    (level,) = data["levels"]
+    assert level["hogs"] == 1 and list(level["arms"]) == list(spin.ARMS)
+    assert all(len(a["samples_per_s"]) == spin.QUICK["rounds"] for a in level["arms"].values())
+    assert level["hog_cpu_s"][0] is not None
+    assert "Quick mode" in (tmp_path / "SPIN.md").read_text()
+
+
+def test_spin_arms_run_as_they_say() -> None:
+    from benchmarks import spin
+
+    assert spin.run_arm("passive", 1)["omp_wait_policy"] == "PASSIVE"
+    one = spin.run_arm("threads=1", 1)
+    assert one["torch_threads"] == 1 and one["omp_wait_policy"] is None
+
+
+@pytest.mark.parametrize("script", ["training", "run_seed", "repeat", "startup", "spin"])
 def test_focused_benchmarks_write_beside_themselves_unless_quick(script: str) -> None:
     import importlib
 
