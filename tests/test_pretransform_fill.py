@@ -244,7 +244,11 @@ def test_the_same_ragged_sample_stored_twice_at_once_is_right(how: str, no_leake
     ds = VaryingTensors(60, v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.RandomHorizontalFlip()]))
     prepared = pt.prepare(ds, "ram", device=CPU, fill="pass")
     _race(prepared.dataset, how)
-    assert prepared.fill_counts().complete
+    counts = prepared.fill_counts()
+    # Both writers may reserve space for the same sample (the loser's copy is wasted): where that
+    # happened often enough to fill the buffer, filling stopped and the rest comes from the source.
+    assert counts.complete or (counts.stopped is not None and "full" in counts.stopped), counts
+    assert counts.filled > len(ds) // 2, counts
     assert all(map(same, seeded(prepared.dataset, range(60)), seeded(ds, range(60))))
     # Every sample has its own space: a copy written by the writer that lost is never pointed at.
     column = prepared.dataset.fields[0]

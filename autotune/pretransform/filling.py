@@ -11,13 +11,14 @@
 #    Where /dev/shm cannot spare the space, all of it is in private memory instead, filled by this
 #    process and its threads only (NOTE [ Shared memory ] 4 in shm.py).
 # 2. Loading sample i: FILLED, the built cache's own wrapper reads it. EMPTY, the raw sample goes
-#    through the prefix exactly as a build reads it (``PrefixView``), is written to its place, the flag
-#    set, and then read back through the built cache's wrapper, so the random suffix sees the same
-#    input and draws the same numbers either way (the plan's proof showed the prefix draws none that
-#    change the suffix's). A batch stores its missing samples first, then is gathered as a built cache
-#    gathers it. UNSTORABLE, or once filling stopped (5.), the sample comes from the source: the
-#    prefix's output through the suffix, which is the original pipeline. Nothing here saves or
-#    restores RNG states: in thread workers that would undo draws made meanwhile by other threads.
+#    through the prefix exactly as a build reads it (``PrefixView``), a copy is written to its place
+#    and the flag set, and the sample in hand goes on through the random suffix: the original
+#    pipeline, with the suffix drawing what it draws either way (the plan's proof showed the prefix
+#    draws none that change the suffix's). Reading it back from the cache instead would cost a second
+#    copy, a large share of a sample where decoding is cheap. A batch stores its missing samples
+#    first, then is gathered as a built cache gathers it. UNSTORABLE, or once filling stopped (5.),
+#    the sample comes from the source the same way. Nothing here saves or restores RNG states: in
+#    thread workers that would undo draws made meanwhile by other threads.
 # 3. Two writers of one sample (two iterators over one cache, never one epoch): a fixed-shape row has
 #    one place and both write the same bytes (the prefix is deterministic; a build relies on that too,
 #    reading in worker processes), so any interleaving leaves the right value, and a reader trusts a
@@ -64,7 +65,7 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 from .steps import Chain
-from .stores import RAGGED_KINDS, FilledColumn, Layout, as_tensor, mismatch, shared_empty
+from .stores import RAGGED_KINDS, FilledColumn, Layout, as_tensor, copy_into, mismatch, shared_empty
 
 EMPTY, FILLED, UNSTORABLE = 0, 1, 2
 """A sample's flag: not stored yet, stored, or one the layout cannot hold (served from the source)."""
@@ -201,7 +202,7 @@ class Filler:
         values = list(sample) if is_seq else [sample]
         if not self.ragged:
             for k, value in enumerate(values):
-                self.fields[k][index] = value
+                self._put(k, index, value)
             _fence()
             self._flags[index] = FILLED
             return True
@@ -213,7 +214,7 @@ class Filler:
             if k in tensors:
                 self.fields[k].write(starts[k], tensors[k])
             else:
-                self.fields[k][index] = value
+                self._put(k, index, value)
         _fence()
         with self._locked() as held:
             if not held:
@@ -224,6 +225,13 @@ class Filler:
                 _fence()
                 self._flags[index] = FILLED
         return self.flag(index) == FILLED
+
+    def _put(self, k: int, index: int, value: Any) -> None:
+        """Field ``k`` of sample ``index``, in its fixed-shape row."""
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+            copy_into(self.fields[k][index], value)
+        else:
+            self.fields[k][index] = value
 
     def _reserve(self, tensors: dict[int, torch.Tensor]) -> dict[int, int] | None:
         with self._locked() as held:
@@ -286,9 +294,14 @@ class FillingSamples(Dataset[Any]):
         if not -n <= index < n:
             raise IndexError(f"index {index} is out of range for a cache of {n} samples")
         index %= n
+        filler = self.filler
+        if filler.flag(index) == EMPTY and not filler.stopped():
+            sample = filler.view[index]
+            filler.store(index, sample)  # a copy: the sample in hand goes on as the pipeline's own
+            return self._through_suffix(sample)
         if self._stored(index):
             return self.cached[index]
-        return self._through_suffix(self.filler.view[index])
+        return self._through_suffix(filler.view[index])
 
     def _stored(self, index: int) -> bool:
         """Whether sample ``index`` is stored, storing it now when it is not yet."""

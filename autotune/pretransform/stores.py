@@ -330,12 +330,26 @@ class FilledColumn(RaggedColumn):
         return start
 
     def write(self, start: int, value: torch.Tensor) -> None:
-        self.flat[start : start + value.numel()].copy_(value.reshape(-1))
+        copy_into(self.flat[start : start + value.numel()], value)
 
     def record(self, index: int, start: int, value: torch.Tensor) -> None:
         """Sample ``index`` lies at ``start`` with ``value``'s shape. Under the lock."""
         self.spans[index, 0], self.spans[index, 1] = start, start + value.numel()
         self.shapes[index, : value.dim()] = torch.tensor(value.shape, dtype=torch.int64)
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst`` (on the CPU) takes ``src``'s values, same number of elements, by a plain memory copy.
+
+    Not ``Tensor.copy_``: above a few ten thousand elements (one decoded photo) it hands the copy to
+    torch's OpenMP threads, and on a machine whose cores are busy their spinning makes each such call
+    take milliseconds where the copy itself takes microseconds (benchmarks/SPIN.md). A dtype NumPy
+    lacks, or a cast, falls back to ``copy_``.
+    """
+    try:
+        np.copyto(dst.numpy(), src.detach().numpy().reshape(dst.shape), casting="no")
+    except (TypeError, RuntimeError, ValueError):
+        dst.copy_(src.reshape(dst.shape))
 
 
 def as_tensor(value: Any, kind: str) -> torch.Tensor:
