@@ -3,7 +3,7 @@
 # NOTE [ Filling caches ]
 # ``prepare(dataset, "ram", fill="pass")`` allocates the cache and returns at once. Each sample is
 # stored the first time any process loads it (as tf.data's ``cache()`` fills on the first pass), so
-# the first epoch costs about what an uncached one does and the next reads the cache.
+# the first epoch costs little more than an uncached one does and the next reads the cache.
 # 1. Storage: the fields a build makes (stores.py), allocated in shared memory before any worker
 #    starts: fixed-shape fields as (n, ...) tensors, ragged ones as a flat buffer with a (start, stop)
 #    span and a shape per sample (``FilledColumn``). Pages never written take no memory. A flag per
