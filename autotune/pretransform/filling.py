@@ -65,7 +65,16 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 from .steps import Chain
-from .stores import RAGGED_KINDS, FilledColumn, Layout, as_tensor, copy_into, mismatch, shared_empty
+from .stores import (
+    MEMCPY_FROM,
+    RAGGED_KINDS,
+    FilledColumn,
+    Layout,
+    as_tensor,
+    copy_into,
+    mismatch,
+    shared_empty,
+)
 
 EMPTY, FILLED, UNSTORABLE = 0, 1, 2
 """A sample's flag: not stored yet, stored, or one the layout cannot hold (served from the source)."""
@@ -228,7 +237,7 @@ class Filler:
 
     def _put(self, k: int, index: int, value: Any) -> None:
         """Field ``k`` of sample ``index``, in its fixed-shape row."""
-        if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel() >= MEMCPY_FROM:
             copy_into(self.fields[k][index], value)
         else:
             self.fields[k][index] = value

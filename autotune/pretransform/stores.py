@@ -338,6 +338,11 @@ class FilledColumn(RaggedColumn):
         self.shapes[index, : value.dim()] = torch.tensor(value.shape, dtype=torch.int64)
 
 
+MEMCPY_FROM = 32768
+"""Elements from which ``copy_into`` copies through NumPy: torch's grain size for its intra-op threads;
+a smaller copy runs on one thread, and ``copy_`` costs less than the conversions there."""
+
+
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst`` (on the CPU) takes ``src``'s values, same number of elements, by a plain memory copy.
 
@@ -346,10 +351,13 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     take milliseconds where the copy itself takes microseconds (benchmarks/SPIN.md). A dtype NumPy
     lacks, or a cast, falls back to ``copy_``.
     """
-    try:
-        np.copyto(dst.numpy(), src.detach().numpy().reshape(dst.shape), casting="no")
-    except (TypeError, RuntimeError, ValueError):
-        dst.copy_(src.reshape(dst.shape))
+    if src.numel() >= MEMCPY_FROM:
+        try:
+            np.copyto(dst.numpy(), src.detach().numpy().reshape(dst.shape), casting="no")
+            return
+        except (TypeError, RuntimeError, ValueError):
+            pass
+    dst.copy_(src.reshape(dst.shape))
 
 
 def as_tensor(value: Any, kind: str) -> torch.Tensor:
