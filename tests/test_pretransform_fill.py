@@ -29,7 +29,7 @@ from autotune import pretransform as pt
 from autotune.exceptions import CandidateInfeasible, ConfigurationError, StaleCacheWarning
 from autotune.pretransform.filling import FillingSamples
 from autotune.pretransform.split import probe_indices, prove
-from autotune.pretransform.stores import FilledColumn
+from autotune.pretransform.stores import FilledColumn, copy_rows
 from autotune.threads import ThreadDataLoader
 
 CPU = torch.device("cpu")
@@ -254,6 +254,75 @@ def test_the_same_ragged_sample_stored_twice_at_once_is_right(how: str, no_leake
     column = prepared.dataset.fields[0]
     spans = sorted(map(tuple, column.spans.tolist()))
     assert all(stop <= start for (_, stop), (start, _) in zip(spans, spans[1:], strict=False))
+
+
+# ------------------------------------------------------------------------------ batches of small rows
+
+
+class Rows(Dataset[Any]):
+    """Rows already in memory, as a TensorDataset gives them, counting reads; ``odd`` rows come in
+    another dtype (a row the probes never showed), ``subclass`` wraps the features in a tv_tensor."""
+
+    def __init__(self, n: int = N, odd: tuple[int, ...] = (), subclass: bool = False) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn((n, 8), generator=gen), torch.randint(0, 10, (n,), generator=gen)
+        self.counts = torch.zeros(n, dtype=torch.int64)
+        self.odd, self.subclass = odd, subclass
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.counts.__setitem__(index, self.counts[index] + 1)
+        x = self.x[index].double() if index in self.odd else self.x[index]
+        return (v2.functional.to_image(x[None]) if self.subclass else x), self.y[index]
+
+
+def test_a_batch_stores_its_missing_rows_at_once_and_each_row_once() -> None:
+    ds = Rows(odd=(5,))
+    assert 5 not in probe_indices(N)
+    prepared = pt.prepare(ds, "ram", device=CPU, fill="pass")
+    dataset, collate = prepared.loader_parts(torch.utils.data.default_collate)
+    assert collate is prepared.collate_fn  # torch's own collate: batches are gathered, not restacked
+    batches = [[4, 5, 6, 4], [7, 8, 9], [4, 5, 6, 4]]  # a sampler drawing with replacement repeats rows
+    for batch in batches:
+        got, reads = reads_of(ds, lambda batch=batch: collate(dataset.__getitems__(batch)))
+        assert same(got, torch.utils.data.default_collate([ds[i] for i in batch]))
+    # The row of another dtype is served from the source every time (the batch per sample then);
+    # every other row was read once, by the batch that stored it.
+    assert reads.nonzero().flatten().tolist() == [5] and int(reads[5]) == 1
+    flags = prepared.dataset.filler.flags
+    assert flags[[4, 6, 7, 8, 9]].tolist() == [1] * 5 and int(flags[5]) == 2
+    assert prepared.fill_counts().filled == 5
+
+
+def test_a_subclassed_row_reaches_torchs_collate_as_the_dataset_gives_it() -> None:
+    ds = Rows(subclass=True)
+    prepared = pt.prepare(ds, "ram", device=CPU, fill="pass")
+    dataset, collate = prepared.loader_parts(torch.utils.data.default_collate)
+    assert collate is torch.utils.data.default_collate  # its stack decides the type, not a gather
+    for _ in range(2):  # storing, then cached
+        got = collate(dataset.__getitems__([3, 1, 2]))
+        assert same(got, torch.utils.data.default_collate([ds[i] for i in [3, 1, 2]]))
+        assert type(got[0]) is type(torch.utils.data.default_collate([ds[3]])[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("width", [3, 1024])  # below MEMCPY_FROM for the batch, and above it
+def test_rows_copied_at_once_are_the_rows_given(dtype: torch.dtype, width: int) -> None:
+    dst = torch.zeros((100, width), dtype=dtype)
+    rows = np.array([7, 2, 50, 99])
+    values = [torch.full((width,), i, dtype=dtype) for i in range(4)]
+    values[1] = values[1].clone().as_subclass(type(v2.functional.to_image(torch.zeros(1, 1))))
+    if dtype.is_floating_point:
+        values[2] = values[2].clone().requires_grad_()
+    copy_rows(dst, rows, values, "tensor")
+    assert not dst.requires_grad and type(dst) is torch.Tensor
+    assert [int(dst[r, -1]) for r in rows] == [0, 1, 2, 3]
+    assert int(dst.count_nonzero()) == 3 * width
+    numbers = torch.zeros(10, dtype=torch.float64)
+    copy_rows(numbers, np.array([1, 3]), [0.5, 2.0], "float")
+    assert numbers.tolist() == [0, 0.5, 0, 2.0, 0, 0, 0, 0, 0, 0]
 
 
 # ------------------------------------------------------------------------------ decoded images

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from .. import shm
 from ..exceptions import CandidateInfeasible, ShapeChanged, StaleCacheWarning
@@ -132,6 +132,12 @@ class Prepared:
         dataset = self.dataset
         if isinstance(dataset, FillingSamples) and dataset.filler.counts().complete:
             dataset = dataset.cached
+        plain = all(t is torch.Tensor for t in getattr(dataset, "subclasses", (None,)))
+        if collate_fn is default_collate and plain:
+            # torch's own, as a DataLoader holds it when given none: a batched gather is what it would
+            # give (the proof compared the two), so the samples are not unbound to be stacked again.
+            # A tensor subclass is left to it: its own stack may keep the subclass, a gather does not.
+            collate_fn = None
         if collate_fn is None:
             return dataset, self.collate_fn
         if self.collate_fn is None or not hasattr(dataset, "__getitems__"):

@@ -16,9 +16,11 @@
 #    pipeline, with the suffix drawing what it draws either way (the plan's proof showed the prefix
 #    draws none that change the suffix's). Reading it back from the cache instead would cost a second
 #    copy, a large share of a sample where decoding is cheap. A batch stores its missing samples
-#    first, then is gathered as a built cache gathers it. UNSTORABLE, or once filling stopped (5.),
-#    the sample comes from the source the same way. Nothing here saves or restores RNG states: in
-#    thread workers that would undo draws made meanwhile by other threads.
+#    first, then is gathered as a built cache gathers it; with no ragged field it stores them at once,
+#    one copy per field and one fence for the batch (``Filler.store_rows``): per sample, the checks
+#    and the fence cost more than a row of a few dozen numbers takes to load. UNSTORABLE, or once
+#    filling stopped (5.), the sample comes from the source the same way. Nothing here saves or
+#    restores RNG states: in thread workers that would undo draws made meanwhile by other threads.
 # 3. Two writers of one sample (two iterators over one cache, never one epoch): a fixed-shape row has
 #    one place and both write the same bytes (the prefix is deterministic; a build relies on that too,
 #    reading in worker processes), so any interleaving leaves the right value, and a reader trusts a
@@ -72,6 +74,8 @@ from .stores import (
     Layout,
     as_tensor,
     copy_into,
+    copy_rows,
+    fitting,
     mismatch,
     shared_empty,
 )
@@ -235,6 +239,31 @@ class Filler:
                 self._flags[index] = FILLED
         return self.flag(index) == FILLED
 
+    def store_rows(self, indices: Sequence[int]) -> bool:
+        """Store what ``indices`` miss of a cache with no ragged field, each field in one copy for the
+        batch and one fence for all (``store`` costs ~20 us a sample, more than a row of a few dozen
+        numbers takes to load); whether all of ``indices`` are stored now."""
+        wanted = np.asarray(indices, dtype=np.int64)
+        missing = np.unique(wanted[self._flags[wanted] == EMPTY])  # a batch may repeat an index
+        if len(missing):
+            samples = [self.view[int(i)] for i in missing]
+            is_seq = isinstance(samples[0], (tuple, list))
+            fits = fitting(self.layout, samples, is_seq)
+            if not all(fits):
+                self._flags[missing[[not f for f in fits]]] = UNSTORABLE  # as ``store`` marks it
+                samples = [s for s, f in zip(samples, fits, strict=True) if f]
+                missing = missing[fits]
+            if samples:
+                columns = [list(c) for c in zip(*samples, strict=True)] if is_seq else [samples]
+                for k, column in enumerate(columns):
+                    copy_rows(self.fields[k], missing, column, self.layout[k][0])
+                _fence()
+                self._flags[missing] = FILLED
+        if bool((self._flags[wanted] == FILLED).all()):
+            _fence()
+            return True
+        return False
+
     def _put(self, k: int, index: int, value: Any) -> None:
         """Field ``k`` of sample ``index``, in its fixed-shape row."""
         if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel() >= MEMCPY_FROM:
@@ -360,6 +389,8 @@ class FillingBatches(FillingSamples):
         if filler.all_filled(indices):
             _fence()
             return True
+        if not filler.ragged:
+            return filler.store_rows(indices)
         stored = [self._stored(i) for i in indices]
         return all(stored)
 
