@@ -186,6 +186,8 @@ def test_spawned_workers_receive_the_shared_cache_and_fill_it() -> None:
     # Forked workers seed their RNGs as spawned ones do: the same flips.
     assert all(map(same, got, epoch(ds, seed=3, workers=2, ctx="fork", batch_size=1)))
     assert prepared.fill_counts().complete  # the spawned workers' writes, seen here
+    # Their spans and shapes too: the main process reads every sample from what they stored.
+    assert all(map(same, seeded(prepared.dataset, range(24)), seeded(ds, range(24))))
     # The lock went to the spawned workers as a named semaphore: its name is in /dev/shm while the
     # cache lives (so the check below can fail), and gone once it is dropped. (Other processes on a
     # shared machine make entries of their own meanwhile: only this process's count.)
