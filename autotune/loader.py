@@ -7,7 +7,8 @@
 # - the same items in the same order as torch for the same sampler, generator and seed, every epoch;
 #   the generator and the global RNG advanced as torch advances them (a base seed drawn per new
 #   iterator, the sampler drawn lazily; workers' random transforms draw from their own seeds, as
-#   torch's workers do);
+#   torch's workers do, so the draws a transform would have made in the main process are not made
+#   there, and without a generator the next epoch's shuffle follows the state they leave);
 # - iterators as torch's for the settings written: independent ones, or, with persistent workers
 #   written, one that is reset; a second live iterator is served plainly and spoils no measurement;
 # - no sample read in the main process when the user's own settings read in workers (num_workers > 0

@@ -235,6 +235,19 @@ def test_random_transform_same_indices(state: str) -> None:
     assert_same(expected, got)
 
 
+def test_random_transform_without_a_generator_same_first_epoch(state: str) -> None:
+    # Without a generator the shuffle draws from the global RNG, which the transform draws from too
+    # where it runs in the main process: the first epoch's order is torch's; the next follows the
+    # state the reads left (README, "What may differ"), so it is compared as a set.
+    def loop(loader: Any, g: Any) -> tuple[list[list[int]], list[int]]:
+        first = [indices(b) for b in loader]
+        return first, sorted(i for b in loader for i in indices(b))
+
+    expected, got = both(state, loop, RandomTransform,
+                         kwargs=lambda ds, g: {"batch_size": BATCH, "shuffle": True})
+    assert_same(expected, got)
+
+
 # -- len() -----------------------------------------------------------------------------------------
 
 LEN_CASES = {
