@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,3 +30,15 @@ def no_leaked_children() -> Iterator[None]:
         if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
     ]
     assert not after, f"child processes left behind: {[p.pid for p in after]}"
+
+
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt in this test, as in a terminal: a suite started in the
+    background by a non-interactive shell inherits SIGINT ignored, and a signal the test sends
+    itself would then be lost."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)

@@ -606,7 +606,9 @@ def test_a_thread_worker_that_hangs_is_stopped_by_the_batch_time_limit(clean: Pa
     _no_thread_left()
 
 
-def test_sigint_during_a_thread_worker_trial_stops_promptly_and_leaves_no_thread(clean: Path) -> None:
+def test_sigint_during_a_thread_worker_trial_stops_promptly_and_leaves_no_thread(
+    clean: Path, ctrl_c: None
+) -> None:
     from autotune import Candidate
 
     main = threading.main_thread().ident
@@ -741,7 +743,7 @@ def test_an_interrupt_while_workers_start_leaves_no_worker_and_no_finalizer_erro
     assert [p.pid for p in _worker_children() if p.pid not in before] == []
 
 
-def test_sigint_from_outside_stops_promptly_and_leaves_the_store(clean: Path) -> None:
+def test_sigint_from_outside_stops_promptly_and_leaves_the_store(clean: Path, ctrl_c: None) -> None:
     stored = _seed_store(clean)
     main = threading.main_thread().ident
     assert main is not None

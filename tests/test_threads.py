@@ -183,7 +183,7 @@ def test_no_thread_outlives_its_iterator(how: str, no_thread_left: None) -> None
     assert _worker_threads() == []
 
 
-def test_ctrl_c_while_waiting_for_a_batch_stops_every_thread(no_thread_left: None) -> None:
+def test_ctrl_c_while_waiting_for_a_batch_stops_every_thread(no_thread_left: None, ctrl_c: None) -> None:
     main = threading.main_thread().ident
     assert main is not None
     loader = ThreadDataLoader(Indexed(64, slow={i: 0.2 for i in range(64)}), batch_size=4,
