@@ -292,6 +292,9 @@ class Stretch:
         self.held = False
         self.started_at = 0.0
         self.last = 0.0
+        self.fetch_s = 0.0
+        self.fetch_cpu_s = 0.0
+        """Wall and main-thread CPU time of the fetches after the first (``Outcome.load_cpu_share``)."""
         c = candidate
         self.line = Timeline(backlog=c.num_workers * (c.prefetch_factor or 2) if c.num_workers else 0,
                              window_s=window_s)
@@ -336,6 +339,7 @@ class Stretch:
             raise StopIteration
         if self.loader._live_iterators() > 1:
             self.interfered = True
+        cpu = time.thread_time()
         try:
             with CHILD_SIGNAL.fetching():
                 item = next(self.it)
@@ -353,6 +357,9 @@ class Stretch:
         got = time.perf_counter()
         if self.served == 0:
             self.line.startup_s = got - self.started_at
+        else:
+            self.fetch_s += got - now
+            self.fetch_cpu_s += time.thread_time() - cpu
         n = batch_length(item, self.loader.batch_size or 1)
         self.line.item(now, got, n)
         self.served += 1
@@ -418,7 +425,8 @@ class Stretch:
         m = None if self.interfered else self.measurement
         return Outcome(self.candidate, self.phase, m, self.failure, self.abandoned and not self.interfered,
                        self.samples, (self.last or time.perf_counter()) - self.started_at
-                       if self.started_at else 0.0)
+                       if self.started_at else 0.0,
+                       self.fetch_cpu_s / self.fetch_s if self.fetch_s > 0 else None)
 
     def remaining(self) -> int | None:
         return None if self.limit is None else max(0, self.limit - self.served - self.raised)

@@ -11,15 +11,22 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 #    tried (on CPU-only machines the step's own threads compete with the workers), and where there are
 #    none the baseline is kept at once.
 # 3. Otherwise ceil(L / S) workers (decide.estimate_workers) are tried with processes and threads,
-#    with their neighbours, then a cache where its build can still pay for itself over the run, then
-#    the torch thread counts around the best so far: at most MAX_CANDIDATES. A candidate below
-#    decide.PRUNE_RATIO of the best throughput so far is abandoned after a few batches.
+#    at most one per CPU left beside the step where the baseline's loading keeps a CPU busy
+#    (CPU_BOUND_LOAD: such a dataset only competes past one worker per core, NOTE [ Worker bound ]
+#    in space.py), with their neighbours, then a cache where its build can still pay for itself
+#    over the run, then the torch thread counts around the best so far: at most MAX_CANDIDATES.
+#    A candidate below decide.PRUNE_RATIO of the best throughput so far is abandoned after a few
+#    batches.
 # 4. Exploring is an investment with a bound: every stretch's cost is its wall time minus what the
 #    baseline would have taken for the same samples (start-up included), and once the total exceeds
 #    EXPLORE_LOSS_FRACTION of the run projected at the baseline's rate, no new candidate is tried.
 # 5. The finals: the best FINALISTS and the baseline, one stretch each per round, in rotated order,
 #    at least MIN_FINAL_ROUNDS rounds and more, up to MAX_FINAL_ROUNDS, while the verdict against the
 #    baseline is undecided. Then Ledger.decide: the challenger only when it wins with confidence.
+#    Every stretch of the finals costs what the challenger is slower, so they are played only while
+#    they can pay: a candidate enters them only when its exploring measurement beat the baseline by
+#    more than decide.TIE_TOLERANCE (none did: the baseline is kept at once), and they end after any
+#    round where the best challenger no longer leads the baseline (it could then not win).
 # 6. A settled configuration that measures slower than the baseline's rate is checked again
 #    (``recheck``): RECHECK_ROUNDS rounds of it against the baseline, decided by the same rule; the
 #    baseline is used again unless the settled configuration still wins with confidence.
@@ -33,7 +40,7 @@ from typing import Any
 
 import torch
 
-from .decide import FINALISTS, PRUNE_RATIO, Decision, Ledger, Phase, estimate_workers
+from .decide import FINALISTS, PRUNE_RATIO, TIE_TOLERANCE, Decision, Ledger, Phase, Summary, estimate_workers
 from .measure import WARMUP_BATCHES, Measurement
 from .space import Candidate, SearchSpace, WorkerKind
 
@@ -72,6 +79,10 @@ MIN_FINAL_ROUNDS = 2
 MAX_FINAL_ROUNDS = 4
 """Rounds of the finals at most; undecided after them, the baseline is kept."""
 
+CPU_BOUND_LOAD = 0.5
+"""Loading in the main process that keeps its thread on a CPU this share of the time it takes is
+CPU-bound: more workers than CPUs beside the step only compete for them (NOTE 3)."""
+
 RECHECK_ROUNDS = 3
 """Rounds of a settled configuration against the baseline when it is checked again (NOTE 6): three
 give each two degrees of freedom of noise, enough to tell a clear loss from a wobble."""
@@ -95,6 +106,9 @@ class Outcome:
     samples: int = 0
     wall_s: float = 0.0
     """From the stretch's first fetch to its end, the user's steps and the start-up included."""
+    load_cpu_share: float | None = None
+    """The main thread's CPU time over the wall time of its fetches (``None``: not timed): near 1
+    where loading in the main process computes, near 0 where it waits on storage or on workers."""
 
 
 @dataclass
@@ -112,6 +126,8 @@ class Explorer:
     """Items one measured stretch may take (a share of the epoch); ``None``: no bound."""
     cache_ready: bool = True
     """Whether a ram cache that fills from the loading pass is full enough to be measured."""
+    cpus: int | None = None
+    """CPUs this loader may use (its rank's share); ``None``: no CPU bound on the estimate."""
     queue: list[Candidate] = field(default_factory=list)
     phase: Phase = "baseline"
     loss_s: float = 0.0
@@ -224,7 +240,8 @@ class Explorer:
             self.estimated = self.neighbours_tried = self.caches_tried = True
             return
         self.estimated = True
-        self.queue.extend(self._from_estimate(m))
+        cpu_bound = o.load_cpu_share is not None and o.load_cpu_share >= CPU_BOUND_LOAD
+        self.queue.extend(self._from_estimate(m, max(1, self.cpus - 1) if cpu_bound and self.cpus else None))
 
     # -- the exploration queue ---------------------------------------------------------------------
 
@@ -269,8 +286,9 @@ class Explorer:
         return replace(c, prefetch_factor=pf,
                        persistent_workers=self.space.persistent and c.worker_kind == "process")
 
-    def _from_estimate(self, m: Measurement) -> list[Candidate]:
-        """The worker count that would keep the step busy, with processes and with threads (NOTE 3)."""
+    def _from_estimate(self, m: Measurement, cpu_bound: int | None = None) -> list[Candidate]:
+        """The worker count that would keep the step busy, with processes and with threads, at most
+        ``cpu_bound`` where loading is CPU-bound (NOTE 3)."""
         base = replace(self.space.baseline(), batch_size=self.baseline.batch_size, torch_threads=None)
         out: list[Candidate] = []
         kinds: tuple[tuple[WorkerKind, int], ...] = (("process", self.space.max_workers),
@@ -279,7 +297,8 @@ class Explorer:
             fitting = [w for w in range(1, n + 1)
                        if self.fits(replace(base, num_workers=w, prefetch_factor=2))]
             if fitting:
-                out.append(self.conform(replace(base, num_workers=estimate_workers(m, max(fitting)),
+                bound = min(max(fitting), cpu_bound or max(fitting))
+                out.append(self.conform(replace(base, num_workers=estimate_workers(m, bound),
                                                 worker_kind=kind, prefetch_factor=2)))
         return [c for c in dict.fromkeys(out) if self.allowed(c)]
 
@@ -344,7 +363,10 @@ class Explorer:
 
     def _start_rounds(self, rounds: int, phase: Phase) -> None:
         self.phase = phase
-        self.finalists = self.ledger.finalists(self.baseline, self.space)[:FINALISTS + 2]
+        finalists = self.ledger.finalists(self.baseline, self.space)[:FINALISTS + 2]
+        self.finalists = [c for c in finalists if c == self.baseline or self._ahead(c)]
+        if len(self.finalists) <= 1 < len(finalists):
+            self.decision = self._not_worth_finals(finalists)
         if len(self.finalists) <= 1:
             self.rounds = []
             return
@@ -352,9 +374,36 @@ class Explorer:
         first = list(dict.fromkeys([self.finalists[0], self.baseline, *self.finalists[1:]]))
         self.rounds = [first[r % len(first):] + first[:r % len(first)] for r in range(rounds)]
 
+    def _ahead(self, c: Candidate) -> bool:
+        """Whether ``c`` measured ahead of the baseline by more than TIE_TOLERANCE (NOTE 5)."""
+        if self.baseline not in self.ledger.by_candidate or c not in self.ledger.by_candidate:
+            return True  # nothing to compare with: the finals measure it
+        base = self.ledger.summarize(self.baseline).score
+        return self.ledger.summarize(c).score > (1.0 + TIE_TOLERANCE) * base
+
+    def _not_worth_finals(self, finalists: list[Candidate]) -> Decision:
+        """The baseline, kept without finals: no candidate measured far enough ahead of it."""
+        base = self.ledger.summarize(self.baseline)
+        best = self.ledger.pick(c for c in finalists if c != self.baseline)
+        assert best is not None
+        verdict = self.ledger.verdict(best.candidate, self.baseline)
+        measured = verdict.describe() if verdict is not None else "unmeasured"
+        return Decision(base, base, best, verdict, (
+            f"kept the baseline: the best other configuration, {best.candidate.label()}, measured"
+            f" {measured}, not ahead of the baseline by more than {TIE_TOLERANCE:.0%}, so not worth"
+            " measuring again"))
+
+    def _challenger_leads(self) -> bool:
+        """Whether the challenger Ledger.decide would pick is ahead of the baseline so far."""
+        best: Summary | None = self.ledger.pick(c for c in self.finalists if c != self.baseline)
+        verdict = self.ledger.verdict(best.candidate, self.baseline) if best is not None else None
+        return verdict is not None and verdict.ratio > 1.0
+
     def _next_in_rounds(self) -> tuple[Candidate, Phase] | None:
         while self.rounds and not self.rounds[0]:
             self.rounds.pop(0)
+            if self.phase == "final" and self.rounds and not self._challenger_leads():
+                self.rounds = []  # a round left the challenger behind: it could not win (NOTE 5)
             if not self.rounds:
                 self._after_rounds()
         if self.decision is not None:
@@ -368,7 +417,7 @@ class Explorer:
         decision = self.ledger.decide(self.finalists or [self.baseline], self.baseline)
         verdict = decision.verdict
         played = sum(1 for r in self.ledger.records if r.phase == self.phase and r.candidate == self.baseline)
-        undecided = verdict is not None and not verdict.wins and not verdict.loses
+        undecided = verdict is not None and not verdict.wins and not verdict.loses and verdict.ratio > 1.0
         if undecided and self.phase == "final" and played < MAX_FINAL_ROUNDS:
             self._start_rounds(1, "final")  # one more round while the verdict is open
             if self.rounds:

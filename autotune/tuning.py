@@ -240,7 +240,8 @@ class Tuning:
         self.space = space
         self.explorer = Explorer(space, self.baseline, self.ledger, allowed_fields=self.fixed.fields(),
                                  cache_build_s=build_s,
-                                 longest_stretch=self.epoch_items // 2 if self.epoch_items else None)
+                                 longest_stretch=self.epoch_items // 2 if self.epoch_items else None,
+                                 cpus=max(1, self.plan.machine.usable_cpus // self.plan.local_ranks))
         self.explorer.cache_ready = self.cache_ready()
         for strategy, why in refused.items():
             self.ledger.record(replace(self.baseline, pretransform=cast(Strategy, strategy)), "online",
@@ -280,7 +281,11 @@ class Tuning:
         m = o.measurement
         mine = (("failed", o.failure) if o.failure is not None
                 else ("ok", m.to_dict()) if m is not None else ("none", None))
-        outcomes = ctx.gather(mine)
+        gathered = ctx.gather((mine, o.load_cpu_share))
+        outcomes = [g[0] for g in gathered]
+        shares = [g[1] for g in gathered]
+        # CPU-bound only where every rank's loading is: the ranks must queue the same candidates.
+        o = replace(o, load_cpu_share=None if None in shares else min(s for s in shares if s is not None))
         failed = [(rank, text) for rank, (kind, text) in enumerate(outcomes) if kind == "failed"]
         if failed:
             return replace(o, failure=f"failed on rank {failed[0][0]}: {failed[0][1]}", measurement=None,

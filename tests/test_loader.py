@@ -462,3 +462,32 @@ def test_leaving_the_loop_while_a_stretch_starts_ahead_leaves_nothing_behind(no_
         assert loader._tuning.started_ahead == 1
     torch_loader = torch.utils.data.DataLoader(ds, generator=torch.Generator().manual_seed(3), **kw)
     assert got == run(torch_loader, lambda first: len(first) >= len(got[0]))
+
+
+class Computes(Remote):
+    """Loading that computes: every read keeps the CPU busy for ``delay_s``."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        end = time.thread_time() + self.delay_s
+        while time.thread_time() < end:
+            pass
+        return torch.full((4,), float(i)), i % 10
+
+
+@pytest.mark.parametrize("dataset, cpu_bound", [(Remote(256), False), (Computes(256), True)])
+def test_the_baseline_tells_loading_that_computes_from_loading_that_waits(
+        dataset: Dataset, cpu_bound: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The share of its fetches the main thread spends on a CPU decides whether more workers than
+    # CPUs are tried (NOTE [ Online search ] 3): sleeping reads use none, computing ones most (less
+    # on a busy machine, where the thread waits for a CPU too).
+    from autotune.online import CPU_BOUND_LOAD, Explorer
+
+    seen: list[Any] = []
+    record = Explorer.record
+    monkeypatch.setattr(Explorer, "record", lambda self, o: (seen.append(o), record(self, o))[1])
+    with DataLoader(dataset, batch_size=16, cache=False) as loader:
+        _epoch(loader, step_s=0.0)
+    base = [o for o in seen if o.phase == "baseline" and o.load_cpu_share is not None]
+    assert base, seen
+    share = base[0].load_cpu_share
+    assert (share >= CPU_BOUND_LOAD / 2) if cpu_bound else (share < CPU_BOUND_LOAD / 2), share

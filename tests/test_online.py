@@ -9,7 +9,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from autotune.decide import Ledger
+from autotune.decide import Ledger, estimate_workers
 from autotune.epochs import Timeline
 from autotune.measure import Measurement
 from autotune.online import MAX_CANDIDATES, Explorer, Outcome
@@ -96,6 +96,67 @@ def test_slower_candidates_end_the_exploration_within_its_loss_bound() -> None:
     assert len(explored) < MAX_CANDIDATES
     projected = 2 * 2_000 / 400.0
     assert ex.loss_s > 0.01 * projected  # it stopped because the bound was spent
+
+
+def test_a_candidate_within_the_tie_tolerance_is_not_worth_the_finals() -> None:
+    # Workers measure 2 % faster: even confirmed, that is a tie; the finals would only cost time.
+    ex, served = run(SPACE, steady({"base": 100.0, "process": 102.0, "thread": 101.0}))
+    assert ex.decision is not None and ex.decision.kept_baseline
+    assert not [r for r in ex.ledger.records if r.phase == "final"]
+    assert "not worth measuring again" in ex.decision.reason
+    assert ex.decision.challenger is not None and ex.decision.verdict is not None
+
+
+def test_the_finals_end_after_a_round_that_leaves_the_challenger_behind() -> None:
+    # Every worker candidate measures 30 % ahead once, then 30 % behind: after one round of the
+    # finals none leads, and the baseline is kept without the second round.
+    def rate(c: Candidate) -> Iterator[float]:
+        if c.num_workers == 0:
+            return itertools.repeat(100.0)
+        return itertools.chain([130.0], itertools.repeat(70.0)) if c.worker_kind == "process" \
+            else itertools.repeat(40.0)
+    ex, served = run(SPACE, rate)
+    assert ex.decision is not None and ex.decision.kept_baseline
+    finals = [r for r in ex.ledger.records if r.phase == "final"]
+    assert sum(r.candidate == BASE for r in finals) == 1, [r.candidate.label() for r in finals]
+
+
+def test_a_leading_challenger_plays_every_final_round() -> None:
+    # The same start, but the workers stay ahead: the finals run their rounds and the workers win.
+    def rate(c: Candidate) -> Iterator[float]:
+        if c.num_workers == 0:
+            return itertools.cycle([100.0, 96.0, 104.0])
+        return itertools.cycle([130.0, 125.0, 135.0]) if c.worker_kind == "process" \
+            else itertools.repeat(40.0)
+    ex, _ = run(SPACE, rate)
+    assert ex.decision is not None and not ex.decision.kept_baseline
+    finals = [r for r in ex.ledger.records if r.phase == "final"]
+    assert sum(r.candidate == BASE for r in finals) >= 2
+
+
+UNCAPPED = estimate_workers(measurement(100.0, 0.8), 8)
+
+
+def _first_candidates(share: float | None, cpus: int | None) -> list[Candidate]:
+    """What the explorer queues after a baseline that waits 80 % of the time (ceil(L / S) = 4 or 5,
+    as the floats round: UNCAPPED)."""
+    ex = Explorer(replace(SPACE, max_workers=8, max_threads=8), BASE, Ledger(50_000, 10), cpus=cpus)
+    c, phase = ex.next() or (None, None)
+    assert c == BASE and phase == "baseline"
+    ex.record(Outcome(BASE, "baseline", measurement(100.0, 0.8), samples=SAMPLES, wall_s=32.0,
+                      load_cpu_share=share))
+    return list(ex.queue)
+
+
+def test_cpu_bound_loading_gets_no_more_workers_than_cpus_beside_the_step() -> None:
+    # Loading that keeps the main thread on a CPU: on 2 CPUs one worker is all that can run beside
+    # the step; 4 would only compete.
+    assert {c.num_workers for c in _first_candidates(0.9, cpus=2)} == {1}
+    assert {c.num_workers for c in _first_candidates(0.9, cpus=4)} == {3}
+    # Loading that waits (storage, the network) uses no CPU: the estimate stands.
+    assert {c.num_workers for c in _first_candidates(0.05, cpus=2)} == {UNCAPPED}
+    assert {c.num_workers for c in _first_candidates(None, cpus=2)} == {UNCAPPED}
+    assert {c.num_workers for c in _first_candidates(0.9, cpus=None)} == {UNCAPPED}
 
 
 def test_a_recheck_goes_back_to_the_baseline_when_the_settled_one_no_longer_wins() -> None:
