@@ -221,6 +221,9 @@ class Tuning:
             self._start_search()
         assert self.explorer is not None
         self.explorer.record(outcome)
+        if self.explorer.nothing_to_win and self.filling is not None:
+            # No cache can make this run faster: the epochs stop paying to fill one.
+            self.filling = None
 
     def _start_search(self) -> None:
         space, refused = self._space()
@@ -241,7 +244,7 @@ class Tuning:
         self.explorer = Explorer(space, self.baseline, self.ledger, allowed_fields=self.fixed.fields(),
                                  cache_build_s=build_s,
                                  longest_stretch=self.epoch_items // 2 if self.epoch_items else None,
-                                 cpus=max(1, self.plan.machine.usable_cpus // self.plan.local_ranks))
+                                 cpus=self._cpus(), shared_cache=self._shared_cache())
         self.explorer.cache_ready = self.cache_ready()
         for strategy, why in refused.items():
             self.ledger.record(replace(self.baseline, pretransform=cast(Strategy, strategy)), "online",
@@ -251,10 +254,17 @@ class Tuning:
             self.ledger.record(left, "online", "infeasible", reason=why)
 
     def _cache_candidates(self) -> list[Candidate]:
-        """The ram cache read in the main process and by one thread worker, as the search tries it."""
+        """The ram cache's candidates, as the search tries them (Explorer.cache_candidates)."""
         assert self.space is not None
-        probe = Explorer(self.space, self.baseline, Ledger(None, 1), allowed_fields=self.fixed.fields())
+        probe = Explorer(self.space, self.baseline, Ledger(None, 1), allowed_fields=self.fixed.fields(),
+                         cpus=self._cpus(), shared_cache=self._shared_cache())
         return [c for c in probe.cache_candidates() if c.pretransform == "ram"]
+
+    def _cpus(self) -> int:
+        return max(1, self.plan.machine.usable_cpus // self.plan.local_ranks)
+
+    def _shared_cache(self) -> bool:
+        return self.filling is not None and self.filling.shared
 
     def _space(self) -> tuple[SearchSpace, dict[str, str]]:
         plan = self.plan

@@ -491,3 +491,25 @@ def test_the_baseline_tells_loading_that_computes_from_loading_that_waits(
     assert base, seen
     share = base[0].load_cpu_share
     assert (share >= CPU_BOUND_LOAD / 2) if cpu_bound else (share < CPU_BOUND_LOAD / 2), share
+
+
+def test_a_run_that_hardly_waits_for_data_stops_filling_a_cache() -> None:
+    # A step far slower than loading (200 ms against ~3 ms for a batch): the baseline waits for data
+    # a few % of the time, so no cache can pay for the memory and the copies of its fill, and once
+    # the cache would be full, it is not measured either.
+    from torchvision import transforms
+
+    from autotune.workloads import CIFAR10Like
+
+    ds = CIFAR10Like(256, transform=transforms.ToTensor())
+    with DataLoader(ds, batch_size=16, shuffle=True, cache=False, epochs=2) as loader:
+        for _ in range(2):
+            labels: list[int] = []
+            for _x, y in loader:
+                labels.extend(y.tolist())
+                time.sleep(0.2)  # the user's step
+            assert len(labels) == len(ds)
+        tuning, filling = loader.tuning, loader._tuning.filling
+    assert tuning is not None
+    assert filling is None, tuning.table()
+    assert not [t for t in tuning.trials if t.candidate.pretransform == "ram"], tuning.table()

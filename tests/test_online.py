@@ -225,3 +225,17 @@ def test_a_loop_that_never_waits_is_measured_at_its_own_pace() -> None:
     assert m is not None
     assert abs(m.samples_per_s / (64 / 0.01) - 1.0) < 0.1, m.samples_per_s
     assert m.busy > 0.95
+
+
+def test_a_cache_in_shared_memory_is_also_read_by_a_worker_process_per_cpu() -> None:
+    space = replace(SPACE, pretransforms=("none", "ram"), torch_threads=(None, 1, 2))
+
+    def cached(cpus: int | None, shared_cache: bool) -> list[Candidate]:
+        ex = Explorer(space, BASE, Ledger(50_000, 10), cpus=cpus, shared_cache=shared_cache)
+        return ex.cache_candidates()
+
+    processes = [c for c in cached(cpus=2, shared_cache=True) if c.worker_kind == "process" and c.num_workers]
+    assert [(c.num_workers, c.torch_threads, c.pretransform) for c in processes] == [(2, 1, "ram")]
+    # In private memory a worker process would read a copy: only the main process and threads read it.
+    assert all(c.num_workers == 0 or c.worker_kind == "thread" for c in cached(cpus=2, shared_cache=False))
+    assert all(c.num_workers == 0 or c.worker_kind == "thread" for c in cached(cpus=None, shared_cache=True))
