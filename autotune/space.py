@@ -373,15 +373,20 @@ class SearchSpace:
         return asdict(self)
 
 
+def cpus_per_rank(usable_cpus: int, local_world_size: int = 1) -> int:
+    """The CPUs one rank of ``local_world_size`` on this node may count on: at least one."""
+    return max(1, usable_cpus // max(1, local_world_size))
+
+
 def worker_bound(usable_cpus: int, local_world_size: int = 1) -> int:
     """The largest ``num_workers`` searched (see NOTE [ Worker bound ])."""
-    per_rank = max(1, usable_cpus // max(1, local_world_size))
+    per_rank = cpus_per_rank(usable_cpus, local_world_size)
     return min(WORKERS_PER_CPU * per_rank, MAX_WORKERS)
 
 
 def thread_bound(usable_cpus: int, local_world_size: int = 1) -> int:
     """The largest number of thread workers searched (see THREADS_PER_CPU)."""
-    per_rank = max(1, usable_cpus // max(1, local_world_size))
+    per_rank = cpus_per_rank(usable_cpus, local_world_size)
     return min(THREADS_PER_CPU * per_rank, MAX_THREADS)
 
 
@@ -405,7 +410,7 @@ def thread_choices(machine: MachineInfo, local_world_size: int = 1) -> tuple[int
     """Main-process torch thread counts to search: only on CPU-only machines (see Candidate)."""
     if machine.has_cuda:
         return (None,)
-    per_rank = max(1, machine.usable_cpus // max(1, local_world_size))
+    per_rank = cpus_per_rank(machine.usable_cpus, local_world_size)
     return tuple(sorted({1, max(1, per_rank // 2), per_rank}))
 
 

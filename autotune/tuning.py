@@ -44,7 +44,7 @@ from .online import (
 )
 from .plan import CUDA_DATA, Plan
 from .result import TuneResult, from_decision, load_per_cpu, lookup
-from .space import Candidate, SearchSpace, Strategy
+from .space import Candidate, SearchSpace, Strategy, cpus_per_rank
 
 log = logging.getLogger("autotune")
 
@@ -261,7 +261,7 @@ class Tuning:
         return [c for c in probe.cache_candidates() if c.pretransform == "ram"]
 
     def _cpus(self) -> int:
-        return max(1, self.plan.machine.usable_cpus // self.plan.local_ranks)
+        return cpus_per_rank(self.plan.machine.usable_cpus, self.plan.local_ranks)
 
     def _shared_cache(self) -> bool:
         return self.filling is not None and self.filling.shared
