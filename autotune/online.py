@@ -26,8 +26,10 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 #    baseline is undecided. Then Ledger.decide: the challenger only when it wins with confidence.
 #    Every stretch of the finals costs what the challenger is slower, so they are played only while
 #    they can pay: a candidate enters them only when its exploring measurement beat the baseline by
-#    more than decide.TIE_TOLERANCE (none did: the baseline is kept at once), and they end after any
-#    round where the best challenger no longer leads the baseline (it could then not win).
+#    more than decide.TIE_TOLERANCE (none did: the baseline is kept at once), and after every round a
+#    challenger that could no longer win drops out: one that no longer leads the baseline, or that
+#    the best challenger beats with confidence (once the noise is measured). When none is left, the
+#    finals end there.
 # 6. A settled configuration that measures slower than the baseline's rate is checked again
 #    (``recheck``): RECHECK_ROUNDS rounds of it against the baseline, decided by the same rule; the
 #    baseline is used again unless the settled configuration still wins with confidence.
@@ -41,7 +43,7 @@ from typing import Any
 
 import torch
 
-from .decide import FINALISTS, PRUNE_RATIO, TIE_TOLERANCE, Decision, Ledger, Phase, Summary, estimate_workers
+from .decide import FINALISTS, PRUNE_RATIO, TIE_TOLERANCE, Decision, Ledger, Phase, estimate_workers
 from .measure import WARMUP_BATCHES, Measurement
 from .space import Candidate, SearchSpace, WorkerKind
 
@@ -142,6 +144,8 @@ class Explorer:
     threads_tried: bool = False
     rounds: list[list[Candidate]] = field(default_factory=list)
     finalists: list[Candidate] = field(default_factory=list)
+    dropped: set[Candidate] = field(default_factory=set)
+    """Challengers that dropped out of the finals: they could no longer win (NOTE 5)."""
     decision: Decision | None = None
 
     # -- what to serve -----------------------------------------------------------------------------
@@ -377,7 +381,8 @@ class Explorer:
     def _start_rounds(self, rounds: int, phase: Phase) -> None:
         self.phase = phase
         finalists = self.ledger.finalists(self.baseline, self.space)[:FINALISTS + 2]
-        self.finalists = [c for c in finalists if c == self.baseline or self._ahead(c)]
+        self.finalists = [c for c in finalists
+                          if c == self.baseline or (self._ahead(c) and c not in self.dropped)]
         if len(self.finalists) <= 1 < len(finalists):
             self.decision = self._not_worth_finals(finalists)
         if len(self.finalists) <= 1:
@@ -400,23 +405,39 @@ class Explorer:
         best = self.ledger.pick(c for c in finalists if c != self.baseline)
         assert best is not None
         verdict = self.ledger.verdict(best.candidate, self.baseline)
-        measured = verdict.describe() if verdict is not None else "unmeasured"
+        assert verdict is not None  # both were measured: that is how they were compared
         return Decision(base, base, best, verdict, (
             f"kept the baseline: the best other configuration, {best.candidate.label()}, measured"
-            f" {measured}, not ahead of the baseline by more than {TIE_TOLERANCE:.0%}, so not worth"
+            f" {verdict.describe()}, not ahead of the baseline by more than {TIE_TOLERANCE:.0%}, so not worth"
             " measuring again"))
 
-    def _challenger_leads(self) -> bool:
-        """Whether the challenger Ledger.decide would pick is ahead of the baseline so far."""
-        best: Summary | None = self.ledger.pick(c for c in self.finalists if c != self.baseline)
-        verdict = self.ledger.verdict(best.candidate, self.baseline) if best is not None else None
-        return verdict is not None and verdict.ratio > 1.0
+    def _could_win(self, c: Candidate, best: Candidate) -> bool:
+        """Whether challenger ``c`` may still win the finals (NOTE 5): it leads the baseline so far
+        and ``best``, the challenger Ledger.decide would pick now, does not beat it with confidence."""
+        verdict = self.ledger.verdict(c, self.baseline)
+        if verdict is None:
+            return True  # not measured yet: its stretch is still to come
+        behind = self.ledger.verdict(c, best) if c != best else None
+        return verdict.ratio > 1.0 and not (behind is not None and behind.loses)
+
+    def _drop_out(self) -> None:
+        """After a round of the finals: challengers that could no longer win play no more rounds
+        (NOTE 5); when none is left, the finals end and Ledger.decide keeps the baseline."""
+        challengers = [c for c in self.finalists if c != self.baseline]
+        best = self.ledger.pick(challengers)
+        left = [c for c in challengers if best is not None and self._could_win(c, best.candidate)]
+        if not left:
+            self.rounds = []
+            return
+        self.dropped.update(c for c in challengers if c not in left)
+        self.finalists = [c for c in self.finalists if c not in self.dropped]
+        self.rounds = [[c for c in r if c not in self.dropped] for r in self.rounds]
 
     def _next_in_rounds(self) -> tuple[Candidate, Phase] | None:
         while self.rounds and not self.rounds[0]:
             self.rounds.pop(0)
-            if self.phase == "final" and self.rounds and not self._challenger_leads():
-                self.rounds = []  # a round left the challenger behind: it could not win (NOTE 5)
+            if self.phase == "final" and self.rounds:
+                self._drop_out()
             if not self.rounds:
                 self._after_rounds()
         if self.decision is not None:

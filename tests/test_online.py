@@ -134,6 +134,52 @@ def test_a_leading_challenger_plays_every_final_round() -> None:
     assert sum(r.candidate == BASE for r in finals) >= 2
 
 
+
+def _final_stretches(ex: Explorer, kind: str) -> dict[Candidate, int]:
+    """Final-phase stretches per challenger of a worker kind."""
+    out: dict[Candidate, int] = {}
+    for r in ex.ledger.records:
+        if r.phase == "final" and r.candidate.num_workers and r.candidate.worker_kind == kind:
+            out[r.candidate] = out.get(r.candidate, 0) + 1
+    return out
+
+
+def test_a_challenger_that_falls_behind_the_baseline_drops_out_of_the_finals() -> None:
+    # Thread workers measure 80 % ahead once, then 60 % behind; three process workers stay 100 % ahead:
+    # after the first round the threads play no more, the processes play on and win.
+    def rate(c: Candidate) -> Iterator[float]:
+        if c.num_workers == 0:
+            return itertools.cycle([100.0, 96.0, 104.0])
+        if c.worker_kind == "thread":
+            return itertools.chain([180.0], itertools.repeat(40.0))
+        return itertools.cycle([200.0, 195.0, 205.0] if c.num_workers == 3 else [150.0])
+    ex, _ = run(SPACE, rate)
+    assert ex.decision is not None and ex.decision.chosen.candidate.worker_kind == "process"
+    threads = _final_stretches(ex, "thread")
+    assert threads and max(threads.values()) == 1, threads
+    assert max(_final_stretches(ex, "process").values()) >= 2
+    assert set(threads) <= ex.dropped
+
+
+def test_a_challenger_the_best_beats_with_confidence_drops_out_of_the_finals() -> None:
+    # Two and four process workers lead the baseline by 30 %, three by 100 %, each within a few per
+    # cent: once a round has measured the noise, two and four cannot catch up and stop costing
+    # stretches, while three plays on and wins.
+    def rate(c: Candidate) -> Iterator[float]:
+        if c.num_workers == 0:
+            return itertools.cycle([100.0, 96.0, 104.0])
+        if c.worker_kind == "thread":
+            return itertools.repeat(110.0)
+        lead = 2.0 if c.num_workers == 3 else 1.3
+        return itertools.cycle([100.0 * lead, 97.0 * lead, 103.0 * lead])
+    ex, _ = run(SPACE, rate)
+    assert ex.decision is not None and ex.decision.chosen.candidate.num_workers == 3
+    played = _final_stretches(ex, "process")
+    assert played[ex.decision.chosen.candidate] >= 2
+    behind = {c: n for c, n in played.items() if c.num_workers != 3}
+    assert behind and max(behind.values()) == 1 and set(behind) <= ex.dropped, played
+
+
 UNCAPPED = estimate_workers(measurement(100.0, 0.8), 8)
 
 
