@@ -416,21 +416,21 @@ class Explorer:
         and ``best``, the challenger Ledger.decide would pick now, does not beat it with confidence."""
         verdict = self.ledger.verdict(c, self.baseline)
         if verdict is None:
-            return True  # not measured yet: its stretch is still to come
+            return True  # no window measured yet: another round may measure it
         behind = self.ledger.verdict(c, best) if c != best else None
         return verdict.ratio > 1.0 and not (behind is not None and behind.loses)
 
     def _drop_out(self) -> None:
         """After a round of the finals: challengers that could no longer win play no more rounds
-        (NOTE 5); when none is left, the finals end and Ledger.decide keeps the baseline."""
-        challengers = [c for c in self.finalists if c != self.baseline]
+        (NOTE 5); when no measured one is left, the finals end. They stay finalists: Ledger.decide
+        weighs what they measured, and says why the baseline is kept."""
+        challengers = [c for c in self.finalists if c != self.baseline and c not in self.dropped]
         best = self.ledger.pick(challengers)
         left = [c for c in challengers if best is not None and self._could_win(c, best.candidate)]
-        if not left:
-            self.rounds = []
-            return
         self.dropped.update(c for c in challengers if c not in left)
-        self.finalists = [c for c in self.finalists if c not in self.dropped]
+        if not any(c in self.ledger.by_candidate for c in left):
+            self.rounds = []  # no measured challenger could win; an unmeasured one alone is not worth rounds
+            return
         self.rounds = [[c for c in r if c not in self.dropped] for r in self.rounds]
 
     def _next_in_rounds(self) -> tuple[Candidate, Phase] | None:

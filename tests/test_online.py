@@ -180,6 +180,28 @@ def test_a_challenger_the_best_beats_with_confidence_drops_out_of_the_finals() -
     assert behind and max(behind.values()) == 1 and set(behind) <= ex.dropped, played
 
 
+def test_a_challenge_whose_challengers_fall_behind_or_go_unmeasured_keeps_the_baseline_and_says_why() -> None:
+    # A cache challenge: the process candidate measures 40 % behind; the thread candidate's stretches
+    # never complete a window. After one round nothing measured can win: the finals end, and the
+    # reason names what was measured rather than claiming nothing could be.
+    proc = replace(BASE, num_workers=2, prefetch_factor=2, persistent_workers=True)
+    thread = replace(BASE, num_workers=1, worker_kind="thread", prefetch_factor=2)
+    ex = Explorer.challenge(SPACE, BASE, [proc, thread], Ledger(50_000, 10))
+    served: list[Candidate] = []
+    while (nxt := ex.next()) is not None and len(served) < 40:
+        c, phase = nxt
+        served.append(c)
+        if c == thread:
+            ex.record(Outcome(c, phase))  # the epoch ended before a window was measured
+            continue
+        sps = 100.0 if c == BASE else 60.0
+        ex.record(Outcome(c, phase, measurement(sps, 0.5 if c == BASE else 0.1), samples=SAMPLES,
+                          wall_s=SAMPLES / sps))
+    assert ex.decision is not None and ex.decision.kept_baseline
+    assert served.count(proc) == 1 and served.count(thread) == 1, [c.label() for c in served]
+    assert proc.label() in ex.decision.reason and "could be measured" not in ex.decision.reason
+
+
 UNCAPPED = estimate_workers(measurement(100.0, 0.8), 8)
 
 
