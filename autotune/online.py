@@ -405,10 +405,10 @@ class Explorer:
         best = self.ledger.pick(c for c in finalists if c != self.baseline)
         assert best is not None
         verdict = self.ledger.verdict(best.candidate, self.baseline)
-        assert verdict is not None  # both were measured: that is how they were compared
+        measured = verdict.describe() if verdict is not None else "without a score"
         return Decision(base, base, best, verdict, (
             f"kept the baseline: the best other configuration, {best.candidate.label()}, measured"
-            f" {verdict.describe()}, not ahead of the baseline by more than {TIE_TOLERANCE:.0%}, so not worth"
+            f" {measured}, not ahead of the baseline by more than {TIE_TOLERANCE:.0%}, so not worth"
             " measuring again"))
 
     def _could_win(self, c: Candidate, best: Candidate) -> bool:
