@@ -417,7 +417,7 @@ class Explorer:
         verdict = self.ledger.verdict(c, self.baseline)
         if verdict is None:
             return True  # no window measured yet: another round may measure it
-        behind = self.ledger.verdict(c, best) if c != best else None
+        behind = self.ledger.verdict(c, best)  # of ``best`` against itself: even, never a loss
         return verdict.ratio > 1.0 and not (behind is not None and behind.loses)
 
     def _drop_out(self) -> None:
@@ -426,7 +426,7 @@ class Explorer:
         weighs what they measured, and says why the baseline is kept."""
         challengers = [c for c in self.finalists if c != self.baseline and c not in self.dropped]
         best = self.ledger.pick(challengers)
-        left = [c for c in challengers if best is not None and self._could_win(c, best.candidate)]
+        left = [c for c in challengers if self._could_win(c, best.candidate)] if best is not None else []
         self.dropped.update(c for c in challengers if c not in left)
         if not any(c in self.ledger.by_candidate for c in left):
             self.rounds = []  # no measured challenger could win; an unmeasured one alone is not worth rounds

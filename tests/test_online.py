@@ -134,7 +134,6 @@ def test_a_leading_challenger_plays_every_final_round() -> None:
     assert sum(r.candidate == BASE for r in finals) >= 2
 
 
-
 def _final_stretches(ex: Explorer, kind: str) -> dict[Candidate, int]:
     """Final-phase stretches per challenger of a worker kind."""
     out: dict[Candidate, int] = {}
