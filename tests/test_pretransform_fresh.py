@@ -7,6 +7,7 @@ and serves samples built from the new value. Leave them alone, and the cache is 
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import warnings
 from collections.abc import Iterator
@@ -34,6 +35,10 @@ GAIN = 1.0
 def brighten(x: torch.Tensor) -> torch.Tensor:
     """A global function a step calls by name; a test replaces it."""
     return x + 0.5
+
+
+digest = hashlib.md5()
+"""A module global whose state cannot be fingerprinted, named as a method is (``h.digest()``)."""
 
 
 @pytest.fixture(autouse=True)
@@ -284,3 +289,32 @@ def test_an_input_that_cannot_be_fingerprinted_is_not_cached(tmp_path: Path) -> 
     assert_serves_the_dataset(prepared, pictures)
     ds.file.close()
     step.file.close()
+
+
+class Hashed(Dataset[tuple[torch.Tensor, int]]):
+    """Deterministic samples whose label is a hash: the code names ``digest`` as a method only."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        label = hashlib.md5(str(index).encode()).digest()[0] % 3
+        return torch.full((2,), float(index)), label
+
+
+class ReadsTheGlobal(Hashed):
+    """The same, reading the module global ``digest`` itself."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.full((2,), float(index)), digest.copy().digest()[0] % 3
+
+
+def test_an_attribute_named_like_a_global_is_not_a_read_of_the_global() -> None:
+    # ``h.digest()`` reads no global: the module's ``digest`` (an opaque hash object) is no input.
+    ds = Hashed()
+    assert pt.strategies(ds, cuda=False)["ram"] is None
+    assert_serves_the_dataset(pt.prepare(ds, "ram", device=CPU), ds)
+    # Read as a global, it is an input whose state cannot be seen: not cached.
+    reason = pt.strategies(ReadsTheGlobal(), cuda=False)["ram"]
+    assert reason is not None, "an opaque global the code reads must refuse the cache"
+    assert reason.startswith("dataset[i] reads test_pretransform_fresh.digest, a HASH"), reason

@@ -14,7 +14,8 @@
 #    counter, a memo dict, a file handle opened on first use): that is its bookkeeping, and the proof
 #    showed its samples do not change read after read.
 # 3. The class attributes of the dataset and of each user step, along the MRO (functions and other
-#    descriptors aside), and the module globals their code names: ``co_names`` of ``__getitem__`` or
+#    descriptors aside), and the module globals their code looks up (``LOAD_GLOBAL``: an attribute
+#    of the same name, ``h.digest()``, is no read of a global ``digest``) in ``__getitem__`` or
 #    ``__call__``/``forward`` and their nested code, followed FOLLOW_DEPTH calls into the methods and
 #    global functions named there. A global module or class stands for the attributes the code names
 #    on it (``cfg.SCALE``); a function for its code, closure, defaults and the globals it names.
@@ -296,6 +297,17 @@ def code_names(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(names), frozenset(stored)
 
 
+@functools.lru_cache(maxsize=4096)
+def global_loads(code: types.CodeType) -> frozenset[str]:
+    """The names ``code`` and its nested code look up as globals (``co_names`` also holds every
+    attribute name: ``h.digest()`` names ``digest`` without reading a global of that name)."""
+    loads = {ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            loads |= global_loads(const)
+    return frozenset(loads)
+
+
 def _attr(ins: Any) -> bool:
     return ins is not None and ins.opname == "LOAD_ATTR"
 
@@ -309,7 +321,7 @@ def globals_named(fn: types.FunctionType, names: Iterable[str] | None = None) ->
     namespace = fn.__globals__
     module = namespace.get("__name__", "?")
     out: dict[str, Any] = {}
-    for name in sorted(names & namespace.keys()):
+    for name in sorted(global_loads(fn.__code__) & namespace.keys()):
         value = namespace[name]
         out[f"{module}.{name}"] = value
         if isinstance(value, types.ModuleType) and not is_library(value):
@@ -374,8 +386,9 @@ def code_reads(owner: type, entry_points: Sequence[str]) -> CodeReads:
         found.update(globals_named(fn, used))
         if depth >= FOLLOW_DEPTH:
             continue
+        loads = global_loads(fn.__code__)
         for name in sorted(used):
-            for callee in (_function(owner, name), fn.__globals__.get(name)):
+            for callee in (_function(owner, name), fn.__globals__.get(name) if name in loads else None):
                 if isinstance(callee, types.FunctionType) and not is_library(callee):
                     queue.append((callee, depth + 1))
     return CodeReads(functions, frozenset(names), frozenset(stored), found)
