@@ -220,6 +220,7 @@ class Tuning:
                 return  # no window yet: the baseline serves again
             self._start_search()
         assert self.explorer is not None
+        _log_outcome(outcome, self.origin)
         self.explorer.record(outcome)
         if self.explorer.nothing_to_win and self.filling is not None:
             # No cache can make this run faster: the epochs stop paying to fill one.
@@ -470,3 +471,15 @@ class Tuning:
             self.explorer = Explorer.recheck(self.space, self.baseline, settled, self.ledger)
         else:
             self.explorer = None  # a new search, from the baseline
+
+
+def _log_outcome(o: Outcome, origin: str) -> None:
+    """One stretch of the search, at debug level: what it served and what it measured."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    m = o.measurement
+    what = (f"failed: {o.failure}" if o.failure is not None
+            else f"{m.samples_per_s:,.0f} samples/s, waiting {m.wait_fraction:.0%}" if m is not None
+            else "no window measured")
+    log.debug("autotune: the loader at %s served %d samples in %.2f s on %s (%s%s): %s", origin, o.samples,
+              o.wall_s, o.candidate.label(), o.phase, ", abandoned" if o.abandoned else "", what)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import threading
 import time
@@ -89,9 +90,11 @@ def test_it_is_a_torch_dataloader_with_torch_s_attributes() -> None:
 
 
 @pytest.mark.parametrize("epochs", [3])
-def test_every_sample_once_per_epoch_while_exploring_and_settled(epochs: int, no_leaked_children) -> None:
+def test_every_sample_once_per_epoch_while_exploring_and_settled(
+        epochs: int, no_leaked_children, caplog: pytest.LogCaptureFixture) -> None:
     ds = Remote(1024)
     # No cache here (its filling pass and later measurement are the next test's subject).
+    caplog.set_level(logging.DEBUG, logger="autotune")
     with DataLoader(ds, batch_size=16, shuffle=True, cache=False, pretransform="none") as loader:
         orders = []
         for _ in range(epochs):
@@ -108,6 +111,9 @@ def test_every_sample_once_per_epoch_while_exploring_and_settled(epochs: int, no
         assert result.trials[0].phase == "baseline" and result.trials[0].candidate.num_workers == 0
         assert result.baseline_kwargs == {"batch_size": 16, "num_workers": 0, "pin_memory": False}
         assert loader.settled and result.speedup is not None and result.decision
+        # At debug level, every stretch of the search says what it served and measured.
+        served = [r.getMessage() for r in caplog.records if " served " in r.getMessage()]
+        assert served and " on bs=16 w=0 (baseline): " in served[0] and "samples/s" in served[0], served
 
 
 def test_a_ram_cache_fills_from_the_epochs_and_is_then_measured(no_leaked_children) -> None:
