@@ -133,6 +133,8 @@ class Explorer:
     """CPUs this loader may use (its rank's share); ``None``: no CPU bound on the estimate."""
     shared_cache: bool = False
     """Whether the ram cache is in shared memory, where worker processes read what it holds."""
+    gathered_cache: bool = False
+    """Whether the ram cache serves each batch by one gather, with nothing left to run per sample."""
     queue: list[Candidate] = field(default_factory=list)
     phase: Phase = "baseline"
     loss_s: float = 0.0
@@ -351,10 +353,12 @@ class Explorer:
 
     def cache_candidates(self) -> list[Candidate]:
         """The caches, read in the main process, and the ram cache also by one thread worker (the
-        random rest of the transform may still want one) and, where it is in shared memory, by a
-        worker process per CPU with the step on the fewest torch threads: what is left of loading
-        then runs beside a step that leaves the other CPUs to it (on 2 CPUs and small JPEGs, 1.9x
-        the baseline's epoch against 1.2x read in the main process)."""
+        random rest of the transform may still want one, and a gather overlaps the step) and, where
+        it is in shared memory and work is left per sample, by a worker process per CPU with the
+        step on the fewest torch threads: what is left of loading then runs beside a step that
+        leaves the other CPUs to it (on 2 CPUs and small JPEGs, 1.9x the baseline's epoch against
+        1.2x read in the main process). Where a batch is one gather, a worker process would copy
+        back what it gathered: it costs the step more than it takes off it, and is not tried."""
         out: list[Candidate] = []
         for strategy in ("ram", "device"):
             if strategy not in self.space.pretransforms:
@@ -364,7 +368,8 @@ class Explorer:
             if strategy == "ram" and self.space.max_threads > 0:
                 out.append(self.conform(replace(cached, num_workers=1, worker_kind="thread",
                                                 prefetch_factor=2)))
-            if strategy == "ram" and self.shared_cache and self.cpus and self.space.max_workers > 0:
+            if (strategy == "ram" and self.shared_cache and not self.gathered_cache and self.cpus
+                    and self.space.max_workers > 0):
                 threads = [t for t in self.space.torch_threads if t is not None]
                 out.append(self.conform(replace(
                     cached, num_workers=min(self.cpus, self.space.max_workers), worker_kind="process",

@@ -14,6 +14,9 @@ Per-epoch state lives in the epoch's iterator (``epochs.py``); what outlives an 
 # epoch's in DRIFT_EPOCHS epochs in a row, the next epoch explores again, but never sooner than
 # MIN_EPOCHS_BETWEEN_SEARCHES epochs after the last search and only with epochs left to pay for it, so
 # a loaded machine cannot make the loader thrash.
+# A ram cache that filled from the epochs after the search settled is measured against the settled
+# choice and the baseline at the next epoch boundary (``Explorer.challenge``), once, and only with
+# two epochs left at least: the one it is measured in, and one to win back what measuring cost.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, cast
+
+from torch.utils.data import default_collate
 
 from . import pretransform as pt
 from . import profiles
@@ -245,7 +250,8 @@ class Tuning:
         self.explorer = Explorer(space, self.baseline, self.ledger, allowed_fields=self.fixed.fields(),
                                  cache_build_s=build_s,
                                  longest_stretch=self.epoch_items // 2 if self.epoch_items else None,
-                                 cpus=self._cpus(), shared_cache=self._shared_cache())
+                                 cpus=self._cpus(), shared_cache=self._shared_cache(),
+                                 gathered_cache=self._gathered_cache())
         self.explorer.cache_ready = self.cache_ready()
         for strategy, why in refused.items():
             self.ledger.record(replace(self.baseline, pretransform=cast(Strategy, strategy)), "online",
@@ -258,7 +264,8 @@ class Tuning:
         """The ram cache's candidates, as the search tries them (Explorer.cache_candidates)."""
         assert self.space is not None
         probe = Explorer(self.space, self.baseline, Ledger(None, 1), allowed_fields=self.fixed.fields(),
-                         cpus=self._cpus(), shared_cache=self._shared_cache())
+                         cpus=self._cpus(), shared_cache=self._shared_cache(),
+                         gathered_cache=self._gathered_cache())
         return [c for c in probe.cache_candidates() if c.pretransform == "ram"]
 
     def _cpus(self) -> int:
@@ -266,6 +273,12 @@ class Tuning:
 
     def _shared_cache(self) -> bool:
         return self.filling is not None and self.filling.shared
+
+    def _gathered_cache(self) -> bool:
+        """Whether the ram cache serves the user's batches by one gather each (torch's collate)."""
+        if self.filling is None or self.plan.collate_fn is not None or self.plan.batch_size is None:
+            return False
+        return self.filling.gathers_batches(default_collate)
 
     def _space(self) -> tuple[SearchSpace, dict[str, str]]:
         plan = self.plan
@@ -446,7 +459,7 @@ class Tuning:
         """Start what a check, a drift or a filled cache asked for, at an epoch boundary."""
         if (self.pending is None and self.settled is not None and not self.challenged
                 and self.filling is not None and self.cache_ready() and self.space is not None
-                and self.settled.pretransform != "ram"):
+                and self.settled.pretransform != "ram" and self.plan.epochs - self.epochs_done >= 2):
             self.challenged = True
             cached = [c for c in self._cache_candidates() if c != self.settled]
             if cached:

@@ -297,8 +297,9 @@ def test_a_loop_that_never_waits_is_measured_at_its_own_pace() -> None:
 def test_a_cache_in_shared_memory_is_also_read_by_a_worker_process_per_cpu() -> None:
     space = replace(SPACE, pretransforms=("none", "ram"), torch_threads=(None, 1, 2))
 
-    def cached(cpus: int | None, shared_cache: bool) -> list[Candidate]:
-        ex = Explorer(space, BASE, Ledger(50_000, 10), cpus=cpus, shared_cache=shared_cache)
+    def cached(cpus: int | None, shared_cache: bool, gathered_cache: bool = False) -> list[Candidate]:
+        ex = Explorer(space, BASE, Ledger(50_000, 10), cpus=cpus, shared_cache=shared_cache,
+                      gathered_cache=gathered_cache)
         return ex.cache_candidates()
 
     processes = [c for c in cached(cpus=2, shared_cache=True) if c.worker_kind == "process" and c.num_workers]
@@ -306,3 +307,7 @@ def test_a_cache_in_shared_memory_is_also_read_by_a_worker_process_per_cpu() -> 
     # In private memory a worker process would read a copy: only the main process and threads read it.
     assert all(c.num_workers == 0 or c.worker_kind == "thread" for c in cached(cpus=2, shared_cache=False))
     assert all(c.num_workers == 0 or c.worker_kind == "thread" for c in cached(cpus=None, shared_cache=True))
+    # A batch that is one gather leaves a worker process only the copy back: the main process and a
+    # thread read it.
+    gathered = cached(cpus=2, shared_cache=True, gathered_cache=True)
+    assert [(c.num_workers, c.worker_kind) for c in gathered] == [(0, "process"), (1, "thread")]

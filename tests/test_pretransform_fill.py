@@ -102,6 +102,17 @@ def test_a_filling_cache_gives_the_datasets_own_samples_filled_or_not(make: Any)
     assert prepared.fill_counts().complete and prepared.filled_fraction() == 1.0
 
 
+def test_a_cache_says_whether_each_batch_is_one_gather() -> None:
+    # Nothing left per sample and torch's collate: one gather a batch, filled or not.
+    plain = pt.prepare(FakeCifar(transform=DETERMINISTIC["totensor-normalize"]()), "ram", device=CPU,
+                       fill="pass")
+    assert plain.gathers_batches(torch.utils.data.default_collate)
+    assert not plain.gathers_batches(lambda batch: batch)  # the user's collate gets samples
+    # A random rest runs per sample.
+    augmented = pt.prepare(FakeCifar(transform=cifar_train()), "ram", device=CPU, fill="pass")
+    assert not augmented.gathers_batches(torch.utils.data.default_collate)
+
+
 def test_the_proof_harness_passes_for_the_filling_wrapper_before_and_after_filling() -> None:
     ds = FakeCifar(transform=cifar_train())
     prepared = pt.prepare(ds, "ram", device=CPU, fill="pass")

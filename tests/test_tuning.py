@@ -5,7 +5,7 @@ its choice again, goes back to the baseline or explores again is exact."""
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from autotune.measure import Measurement
 from autotune.online import Outcome
@@ -116,6 +116,33 @@ def test_a_profile_chosen_under_another_load_is_checked_in_the_first_epoch() -> 
     assert tuning(same).pending is None
 
 
+def filled_and_settled(epochs: int, epochs_done: int) -> Tuning:
+    """A search whose ram cache filled from the epochs it loaded, settled on the baseline."""
+    plan = make_plan(Indexed(), None, batch_size=16, budget_s=None, device="cpu", epochs=epochs,
+                     pretransform="ram", max_workers=None, memory_budget_bytes=None,
+                     batch_timeout_s=None, shuffle=True, collate_fn=None, seed=0, read_samples=False)
+    t = Tuning(plan, Fixed(), BASE, store_args=None, origin="train.py:1", reads_in_main=True,
+               threads_allowed=True)
+    t.record(Outcome(BASE, "baseline", measurement(1000.0), samples=640, wall_s=0.64))
+    assert t.filling is not None
+    list(DataLoader(t.filling.dataset, batch_size=16, collate_fn=t.filling.collate_fn))  # the epoch's pass
+    assert t.cache_ready()
+    t.settle(t.force_decision())
+    t.epochs_done = epochs_done
+    return t
+
+
+def test_a_filled_cache_is_measured_only_with_an_epoch_left_to_gain_in() -> None:
+    t = filled_and_settled(epochs=5, epochs_done=2)
+    t.begin_epoch()
+    assert t.settled is None and t.explorer is not None and t.explorer.phase == "final"
+    # Whole samples served as one gather per batch: read in the main process and by a thread.
+    challengers = {c for c in t.explorer.finalists if c != BASE}
+    assert {(c.pretransform, c.num_workers, c.worker_kind) for c in challengers} == {
+        ("ram", 0, "process"), ("ram", 1, "thread")}
+    last = filled_and_settled(epochs=5, epochs_done=4)
+    last.begin_epoch()  # the last epoch: what the check could win, it could not win back
+    assert last.settled == BASE and last.explorer is None
 
 
 def test_batches_already_on_an_accelerator_rule_out_worker_processes() -> None:

@@ -14,7 +14,8 @@ Interface used by the rest of the package (keep these names and shapes):
   the pass that loads the samples (NOTE [ Filling caches ] in filling.py);
   ``Prepared.fill_counts() -> FillCounts`` and ``Prepared.filled_fraction() -> float`` say how far.
 - ``Prepared.loader_parts(collate_fn) -> (dataset, collate_fn)``: what to hand to a DataLoader, with
-  or without the user's own collate function.
+  or without the user's own collate function; ``Prepared.gathers_batches(collate_fn) -> bool``: whether
+  each batch is then one gather, with nothing left to run per sample.
 - ``Prepared.stale_reason() -> str | None`` and ``Prepared.check_fresh() -> bool``: whether the cache
   still matches the dataset (cheap; call at each epoch start), see NOTE [ Fresh caches ] in fresh.py.
 - ``estimate_build_s(dataset) -> float | None``: seconds a cache build would take.

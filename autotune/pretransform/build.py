@@ -144,6 +144,13 @@ class Prepared:
             return dataset, collate_fn
         return Unbatched(dataset), collate_fn
 
+    def gathers_batches(self, collate_fn: Callable[[Any], Any] | None) -> bool:
+        """Whether a loader given ``collate_fn`` gets each batch from this cache by one gather, with
+        nothing left to run per sample."""
+        plan = self.freshness.plan if self.freshness is not None else None
+        return (plan is not None and plan.suffix is None and plan.table is None
+                and self.loader_parts(collate_fn)[1] is already_collated)
+
     def fill_counts(self) -> FillCounts:
         """How far the cache is filled: samples stored, those it cannot hold, and why filling stopped
         early, if it did. A built cache (and ``none``) is complete from the start; one filled by the
