@@ -655,6 +655,61 @@ def test_torch_threads_restored_whatever_the_close_order(state: str, order: str)
         torch.set_num_threads(original)
 
 
+class Tokens(tud.Dataset):
+    """Sequences of byte values read with a little latency, so that the search explores."""
+
+    def __len__(self) -> int:
+        return 2048
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        time.sleep(0.0003)
+        g = torch.Generator().manual_seed(i)
+        return torch.randint(0, 256, (128,), generator=g), i % 10
+
+
+def _train(loader: Any, epochs: int, threads: int | None = None) -> torch.Tensor:
+    """A small character-level model trained on ``loader``: its parameters after ``epochs``. Its
+    convolutions sum in another order on another number of threads."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(256, 32)
+    conv = torch.nn.Sequential(torch.nn.Conv1d(32, 64, 5, padding=2), torch.nn.ReLU(),
+                               torch.nn.Conv1d(64, 64, 5, padding=2), torch.nn.ReLU())
+    head = torch.nn.Linear(64, 10)
+    params = [*embed.parameters(), *conv.parameters(), *head.parameters()]
+    opt = torch.optim.SGD(params, lr=0.05)
+    for _ in range(epochs):
+        for x, y in loader:
+            out = head(conv(embed(x).transpose(1, 2)).amax(dim=2))
+            loss = torch.nn.functional.cross_entropy(out, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return torch.cat([p.detach().flatten() for p in params])
+
+
+def test_torch_threads_none_trains_to_torch_s_parameters_bit_for_bit() -> None:
+    # The real search explores worker processes and threads beside the step; with the thread count
+    # left alone, the step computes exactly what it computes under torch.
+    original = torch.get_num_threads()
+    try:
+        kwargs = {"batch_size": 32, "shuffle": True}
+        expected = _train(tud.DataLoader(Tokens(), generator=torch.Generator().manual_seed(7), **kwargs), 2)
+        with autotune.DataLoader(Tokens(), generator=torch.Generator().manual_seed(7), cache=False,
+                                 torch_threads=None, **kwargs) as loader:
+            got = _train(loader, 2)
+            assert torch.get_num_threads() == original
+            tried = {t.candidate for t in loader.tuning.trials}
+        assert len(tried) > 1, "the search must have explored for this to test anything"
+        assert torch.equal(got, expected)
+        if original >= 2:  # the model is one whose result depends on the thread count
+            batches = list(itertools.islice(tud.DataLoader(Tokens(), **kwargs), 8))
+            assert not torch.equal(_train(batches, 1, threads=1), _train(batches, 1, threads=original))
+    finally:
+        torch.set_num_threads(original)
+
+
 # -- what the user started ------------------------------------------------------------------------
 # In order, with no shuffling: these tests are about what survives, not about the sample order.
 
