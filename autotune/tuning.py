@@ -16,7 +16,10 @@ Per-epoch state lives in the epoch's iterator (``epochs.py``); what outlives an 
 # a loaded machine cannot make the loader thrash.
 # A ram cache that filled from the epochs after the search settled is measured against the settled
 # choice and the baseline at the next epoch boundary (``Explorer.challenge``), once, and only with
-# two epochs left at least: the one it is measured in, and one to win back what measuring cost.
+# two epochs left at least: the one it is measured in, and one to win back what measuring cost. A
+# cache configuration replaces the settled choice only when it beats the baseline with confidence; a
+# settled choice that won its own search stays unless the check measures it slower than the baseline
+# with confidence (a check that ends without a winner is no proof that it stopped winning).
 """
 
 from __future__ import annotations
@@ -151,6 +154,10 @@ class Tuning:
         """The ram cache filled by the loading pass, where one applies."""
         self.challenged = False
         """Whether the filled cache was measured against the settled choice already."""
+        self.incumbent: tuple[Candidate, Decision] | None = None
+        """The settled choice a filled cache is measured against, and the decision that chose it."""
+        self.decision: Decision | None = None
+        """The decision the loader settled on last."""
         self.started_ahead = 0
         """Stretches whose workers started while the one before served its backlog (epochs.py)."""
         self.epoch_items: int | None = None
@@ -334,6 +341,9 @@ class Tuning:
     # -- settling ----------------------------------------------------------------------------------
 
     def settle(self, decision: Decision, *, phase_note: str = "") -> Candidate:
+        if self.incumbent is not None:
+            decision, self.incumbent = self._incumbent_kept(decision, *self.incumbent), None
+        self.decision = decision
         self.result = self._result(decision)
         c = decision.chosen.candidate
         if self.store_args is not None and (self.plan.dist is None or self.plan.dist.leader):
@@ -351,6 +361,23 @@ class Tuning:
         log.info("autotune: the loader at %s settled on %s: %s%s", self.origin, c.label(),
                  decision.reason, phase_note)
         return c
+
+    def _incumbent_kept(self, decision: Decision, incumbent: Candidate, chose_it: Decision) -> Decision:
+        """What a filled cache's check decided, with the settled choice it was measured against kept
+        unless a cache configuration beat the baseline or the baseline beat it with confidence: it
+        won its own search, and one round of a noisy check that ends without a winner is no proof
+        that it stopped winning (NOTE [ Settled means proven ])."""
+        if incumbent == self.baseline or decision.chosen.candidate != self.baseline:
+            return decision
+        verdict = self.ledger.verdict(incumbent, self.baseline)
+        if verdict is not None and verdict.loses:
+            return decision  # slower than the baseline with confidence: the baseline again
+        if verdict is None:  # not measured in the check: as it was chosen
+            return replace(chose_it, reason=f"{chose_it.reason}; the filled cache did not beat it")
+        return Decision(self.ledger.summarize(incumbent), decision.baseline, decision.challenger, verdict,
+                        f"kept {incumbent.label()}: no cache configuration beat the baseline with"
+                        f" confidence, and {incumbent.label()} measured {verdict.describe()} against"
+                        " the baseline, not slower with confidence")
 
     def settle_from_profile(self, result: TuneResult | None, c: Candidate) -> None:
         """Settled from the start: a stored profile, or a configuration given (``make_loader``).
@@ -464,6 +491,8 @@ class Tuning:
             cached = [c for c in self._cache_candidates() if c != self.settled]
             if cached:
                 settled, self.settled = self.settled, None
+                if self.decision is not None:
+                    self.incumbent = (settled, self.decision)
                 log.info("autotune: the loader at %s has filled its cache; measuring it against %s",
                          self.origin, settled.label())
                 self.search_epochs = 0

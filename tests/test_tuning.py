@@ -145,6 +145,45 @@ def test_a_filled_cache_is_measured_only_with_an_epoch_left_to_gain_in() -> None
     assert last.settled == BASE and last.explorer is None
 
 
+ONE_THREAD = Candidate(16, torch_threads=1)
+
+
+def cache_filled_after_a_win() -> Tuning:
+    """Settled on one torch thread, a clear win in its own search; then the cache filled, and the
+    next epoch measures it against that choice."""
+    t = filled_and_settled(epochs=10, epochs_done=2)
+    t.settled = None  # the search again, with its ledger: the thread count beat the baseline
+    for jitter in (1.0, 1.02, 0.98):
+        t.ledger.record(ONE_THREAD, "final", "complete", m=measurement(1500.0 * jitter))
+        t.ledger.record(BASE, "final", "complete", m=measurement(1000.0 * jitter))
+    t.settle(t.ledger.decide([ONE_THREAD, BASE], BASE))
+    assert t.settled == ONE_THREAD
+    t.begin_epoch()
+    assert t.explorer is not None and ONE_THREAD in t.explorer.finalists
+    return t
+
+
+def test_a_filled_cache_that_beats_nothing_leaves_a_settled_winner_in_place() -> None:
+    # No cache ahead, and the thread count ahead or level with the baseline in a round: nothing
+    # beats the settled choice, which stays.
+    for settled_sps in (1500.0, 1000.0):
+        t = cache_filled_after_a_win()
+        assert t.explorer is not None
+        cached = [c for c in t.explorer.finalists if c not in (ONE_THREAD, BASE)]
+        play(t, {ONE_THREAD: settled_sps, BASE: 1000.0, **{c: 900.0 for c in cached}})
+        assert t.settled == ONE_THREAD, t.result.decision if t.result else None
+        assert t.result is not None and not t.result.kept_baseline
+
+
+def test_a_filled_cache_that_wins_replaces_the_settled_choice() -> None:
+    t = cache_filled_after_a_win()
+    assert t.explorer is not None
+    main = next(c for c in t.explorer.finalists if c.pretransform == "ram" and c.num_workers == 0)
+    rest = [c for c in t.explorer.finalists if c not in (main, ONE_THREAD, BASE)]
+    play(t, {main: 3000.0, ONE_THREAD: 1500.0, BASE: 1000.0, **{c: 900.0 for c in rest}})
+    assert t.settled == main
+
+
 def test_batches_already_on_an_accelerator_rule_out_worker_processes() -> None:
     # A CPU stand-in for a CUDA batch (no GPU here): what the drop-in sees in its first batch, not by
     # reading a sample of its own. tests/test_gpu.py runs the real thing on a GPU.
