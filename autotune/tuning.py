@@ -341,8 +341,7 @@ class Tuning:
     # -- settling ----------------------------------------------------------------------------------
 
     def settle(self, decision: Decision, *, phase_note: str = "") -> Candidate:
-        if self.incumbent is not None:
-            decision, self.incumbent = self._incumbent_kept(decision, *self.incumbent), None
+        decision, self.incumbent = self._incumbent_kept(decision), None
         self.decision = decision
         self.result = self._result(decision)
         c = decision.chosen.candidate
@@ -362,11 +361,14 @@ class Tuning:
                  decision.reason, phase_note)
         return c
 
-    def _incumbent_kept(self, decision: Decision, incumbent: Candidate, chose_it: Decision) -> Decision:
+    def _incumbent_kept(self, decision: Decision) -> Decision:
         """What a filled cache's check decided, with the settled choice it was measured against kept
         unless a cache configuration beat the baseline or the baseline beat it with confidence: it
         won its own search, and one round of a noisy check that ends without a winner is no proof
-        that it stopped winning (NOTE [ Settled means proven ])."""
+        that it stopped winning (NOTE [ Settled means proven ]). Other decisions as they are."""
+        if self.incumbent is None:
+            return decision
+        incumbent, chose_it = self.incumbent
         if incumbent == self.baseline or decision.chosen.candidate != self.baseline:
             return decision
         verdict = self.ledger.verdict(incumbent, self.baseline)
@@ -415,7 +417,7 @@ class Tuning:
         if not self.ledger.by_candidate:
             return self.result
         try:
-            return self._result(self.force_decision())
+            return self._result(self._incumbent_kept(self.force_decision()))
         except BaseException:  # noqa: BLE001 - nothing measured completes a decision yet
             return self.result
 

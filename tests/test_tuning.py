@@ -170,7 +170,14 @@ def test_a_filled_cache_that_beats_nothing_leaves_a_settled_winner_in_place() ->
         t = cache_filled_after_a_win()
         assert t.explorer is not None
         cached = [c for c in t.explorer.finalists if c not in (ONE_THREAD, BASE)]
-        play(t, {ONE_THREAD: settled_sps, BASE: 1000.0, **{c: 900.0 for c in cached}})
+        rates = {ONE_THREAD: settled_sps, BASE: 1000.0, **{c: 900.0 for c in cached}}
+        for _ in range(len(rates)):  # the check's first round: what it has measured shows the choice
+            nxt = t.next_candidate()
+            assert nxt is not None
+            t.record(Outcome(nxt[0], nxt[1], measurement(rates[nxt[0]]), samples=640, wall_s=0.64))
+        partial = t.partial_result()
+        assert partial is not None and partial.candidate == ONE_THREAD, partial.decision if partial else None
+        play(t, rates)
         assert t.settled == ONE_THREAD, t.result.decision if t.result else None
         assert t.result is not None and not t.result.kept_baseline
 
