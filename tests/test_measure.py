@@ -165,6 +165,21 @@ def test_segments_of_dead_workers_are_removed_and_live_ones_kept() -> None:
 
 # Code that runs under the file name of the standard library's socket module: to the measurement it looks
 # like the main process receiving a batch's file descriptor from a worker.
+def test_the_time_limit_holds_while_the_step_runs_python(no_leaked_children) -> None:
+    # The watchdog needs the GIL back after every file it reads; a step that runs Python holds it
+    # (NOTE [ A watchdog beside a busy step ]). A 6 s step is cut short soon after the 0.5 s limit.
+    def step(batch) -> None:
+        end = time.monotonic() + 6.0
+        while time.monotonic() < end:
+            pass
+
+    limits = MeasureLimits(window_s=30, min_batches=3, max_batches=10_000, trial_timeout_s=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(TrialTimeout, match="time limit"):
+        measure(Sleepy(delay_s=0), Candidate(8, 2, False, 2, False), step=step, limits=limits)
+    assert time.monotonic() - t0 < 3.0
+
+
 _HANDOVER_SOURCE = """
 def handover(seconds, log):
     import time
