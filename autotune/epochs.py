@@ -36,6 +36,17 @@
 # waited twice (the step is the bottleneck), batches come as fast as the loop asks and the window is
 # the later half of the measured items, as above.
 #
+# NOTE [ The first stretch settles in ]
+# The first stretch of the search serves the baseline while the process itself still warms up: the
+# first steps of a training run are slower (allocations, caches, the page cache), with torch's own
+# loader as much as with any. Its rate is the reference every other stretch's cost is weighed against
+# (NOTE [ Online search ], 4, in online.py): measured there, it made a search's stretches look 0.2 s
+# dearer than the baseline where the user's loop saw them cost 1.4 s (a 256-byte text chunk per
+# sample, 2 CPUs: 782 samples/s in the first window, 1000-1300 later). So its window opens only after
+# it has served one window's time, or where the epoch is short, as many of its items as leave room
+# for a window; it may serve twice the share of the epoch other stretches may. Neither costs anything:
+# the baseline is what the user's loop would have run anyway.
+#
 # Failures: a candidate that fails (a worker crashes, hangs past the batch time limit, cannot start)
 # ends its stretch with the reason, and the items it did not hand out are served by the baseline. An
 # error raised while the baseline (the user's own settings) serves is the user's: it reaches the caller
@@ -46,6 +57,7 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import logging
@@ -185,15 +197,33 @@ class Timeline:
     backlog: int
     """Items the workers may have made ready ahead of the user (workers x prefetch)."""
     window_s: float = STRETCH_WINDOW_S
+    settle_s: float = 0.0
+    """Seconds served before the warm-up may end (NOTE [ The first stretch settles in ])..."""
+    settle_items: int | None = None
+    """...or after this many items, whichever comes first (``None``: no bound)."""
     startup_s: float = 0.0
     received: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
+    _settled_at: int | None = None
 
     @property
     def warmup(self) -> int:
-        return WARMUP_BATCHES + self.backlog
+        first = WARMUP_BATCHES + self.backlog
+        if self.settle_s <= 0:
+            return first
+        if self._settled_at is None:
+            if not self.received:
+                return first
+            at = bisect.bisect_left(self.received, self.received[0] + self.settle_s)
+            if self.settle_items is not None:
+                at = min(at, self.settle_items)
+            at = max(first, at)
+            if at >= len(self.received):
+                return at  # still settling in: nothing measured yet
+            self._settled_at = at
+        return self._settled_at
 
     def item(self, asked: float, got: float, samples: int) -> None:
         self.received.append(got)
@@ -227,7 +257,9 @@ class Timeline:
             return waited[0], waited[-1], self.received[waited[-1]]
         return self.warmup + self.measured() // 2, last, end
 
-    def measurement(self, end: float, build_s: float) -> Measurement | None:
+    def measurement(self, end: float, build_s: float, workers: set[int]) -> Measurement | None:
+        """The window's measurement (``None``: too few items); ``workers``: the stretch's worker
+        processes, whose memory counts with the main process's."""
         n = self.measured()
         if n < max(STRETCH_MIN_BATCHES, self.backlog):
             return None  # too few: the items made ready during start-up would flatter the rate
@@ -246,7 +278,7 @@ class Timeline:
             batches=len(waits),
             samples=samples,
             window_s=wall,
-            peak_memory_bytes=process_memory(),
+            peak_memory_bytes=process_memory(children=workers),
             build_s=build_s,
         )
 
@@ -260,7 +292,8 @@ class Stretch:
 
     def __init__(self, loader: DataLoader, candidate: Candidate, phase: Phase | None, feed: Feed | None,
                  *, limit: int | None, baseline: bool, abandon_below: float = 0.0,
-                 whole: bool = False, private: bool = False, window_s: float = STRETCH_WINDOW_S) -> None:
+                 whole: bool = False, private: bool = False, window_s: float = STRETCH_WINDOW_S,
+                 settle: bool = False) -> None:
         self.loader = loader
         self.candidate = candidate
         self.phase = phase
@@ -297,7 +330,12 @@ class Stretch:
         """Wall and main-thread CPU time of the fetches after the first (``Outcome.load_cpu_share``)."""
         c = candidate
         self.line = Timeline(backlog=c.num_workers * (c.prefetch_factor or 2) if c.num_workers else 0,
-                             window_s=window_s)
+                             window_s=window_s, settle_s=window_s if settle else 0.0,
+                             settle_items=None)
+        if settle and limit is not None:  # room left for a window within the stretch's items
+            self.line.settle_items = limit - 1 - max(STRETCH_MIN_BATCHES, self.line.backlog)
+        self.close_s = 0.0
+        """What closing it took (its workers' exit): part of what it cost the loop."""
         self._signals = contextlib.ExitStack()
 
     def start(self) -> None:
@@ -388,10 +426,10 @@ class Stretch:
     def _measured_enough(self, now: float) -> bool:
         if self.line.rate_below(self.abandon_below, now):
             self.abandoned = True
-            self.measurement = self.line.measurement(now, self._build_s())
+            self.measurement = self.line.measurement(now, self._build_s(), worker_pids(self.it))
             return True
         if self.line.complete(now):
-            self.measurement = self.line.measurement(now, self._build_s())
+            self.measurement = self.line.measurement(now, self._build_s(), worker_pids(self.it))
             return True
         return False
 
@@ -405,9 +443,10 @@ class Stretch:
 
     def close(self) -> None:
         """Stop the inner iterator (a held, persistent one stays), give back what was not served."""
-        end = self.last or time.perf_counter()
+        t0 = time.perf_counter()
+        end = self.last or t0
         if self.phase is not None and self.measurement is None and self.failure is None:
-            self.measurement = self.line.measurement(end, self._build_s())
+            self.measurement = self.line.measurement(end, self._build_s(), worker_pids(self.it))
         if self.it is not None and not self.held:
             workers = worker_pids(self.it) if self.failure is not None else set()
             stop_iterator(self.it)
@@ -418,13 +457,14 @@ class Stretch:
         self.it = None
         self.done = True
         self._signals.close()
+        self.close_s = time.perf_counter() - t0
 
     def outcome(self) -> Outcome | None:
         if self.phase is None:
             return None
         m = None if self.interfered else self.measurement
         return Outcome(self.candidate, self.phase, m, self.failure, self.abandoned and not self.interfered,
-                       self.samples, (self.last or time.perf_counter()) - self.started_at
+                       self.samples, (self.last or time.perf_counter()) - self.started_at + self.close_s
                        if self.started_at else 0.0,
                        self.fetch_cpu_s / self.fetch_s if self.fetch_s > 0 else None)
 
@@ -487,9 +527,12 @@ class SearchDriver(Driver):
         c, phase = nxt
         if self.feed is None:  # a stream: one candidate for the whole epoch
             return self._stretch(c, phase, None, whole=True)
-        return self._stretch(c, phase, t.stretch_length(c, self.epoch_items),
-                             abandon_below=t.abandon_below(phase), whole=t.together,
-                             window_s=t.window_s(self.epoch_items))
+        limit = t.stretch_length(c, self.epoch_items)
+        first = phase == "baseline"
+        if first:  # NOTE [ The first stretch settles in ]: twice the share, within the epoch
+            limit = max(limit, min(2 * limit, self.epoch_items or 2 * limit))
+        return self._stretch(c, phase, limit, abandon_below=t.abandon_below(phase), whole=t.together,
+                             window_s=t.window_s(self.epoch_items), settle=first)
 
     def record(self, stretch: Stretch) -> None:
         if stretch.phase is not None and not stretch.interfered:

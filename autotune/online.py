@@ -108,7 +108,8 @@ class Outcome:
     abandoned: bool = False
     samples: int = 0
     wall_s: float = 0.0
-    """From the stretch's first fetch to its end, the user's steps and the start-up included."""
+    """From the stretch's first fetch to its end, the user's steps, the start-up and the close
+    (its workers' exit) included."""
     load_cpu_share: float | None = None
     """The main thread's CPU time over the wall time of its fetches (``None``: not timed): near 1
     where loading in the main process computes, near 0 where it waits on storage or on workers."""
