@@ -19,8 +19,10 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 #    A candidate below decide.PRUNE_RATIO of the best throughput so far is abandoned after a few
 #    batches.
 # 4. Exploring is an investment with a bound: every stretch's cost is its wall time minus what the
-#    baseline would have taken for the same samples (start-up included), and once the total exceeds
-#    EXPLORE_LOSS_FRACTION of the run projected at the baseline's rate, no new candidate is tried.
+#    baseline would have taken for the same samples (start-up and close included) at the first
+#    stretch's rate (measured once the process warmed up: NOTE [ The first stretch settles in ] in
+#    epochs.py), and once the total exceeds EXPLORE_LOSS_FRACTION of the run projected at that rate,
+#    no new candidate is tried.
 # 5. The finals: the best FINALISTS and the baseline, one stretch each per round, in rotated order,
 #    at least MIN_FINAL_ROUNDS rounds and more, up to MAX_FINAL_ROUNDS, while the verdict against the
 #    baseline is undecided. Then Ledger.decide: the challenger only when it wins with confidence.
