@@ -163,8 +163,6 @@ def test_segments_of_dead_workers_are_removed_and_live_ones_kept() -> None:
                 os.unlink(path)
 
 
-# Code that runs under the file name of the standard library's socket module: to the measurement it looks
-# like the main process receiving a batch's file descriptor from a worker.
 def test_the_time_limit_holds_while_the_step_runs_python(no_leaked_children) -> None:
     # The watchdog needs the GIL back after every file it reads; a step that runs Python holds it
     # (NOTE [ A watchdog beside a busy step ]). A 6 s step is cut short soon after the 0.5 s limit.
@@ -180,6 +178,8 @@ def test_the_time_limit_holds_while_the_step_runs_python(no_leaked_children) -> 
     assert time.monotonic() - t0 < 3.0
 
 
+# Code that runs under the file name of the standard library's socket module: to the measurement it looks
+# like the main process receiving a batch's file descriptor from a worker.
 _HANDOVER_SOURCE = """
 def handover(seconds, log):
     import time

@@ -296,7 +296,7 @@ def test_a_loop_that_never_waits_is_measured_at_its_own_pace() -> None:
 
 def _warming_timeline(settle_s: float, settle_items: int | None = None) -> tuple[Timeline, float]:
     """A main-process loop (every fetch waits) whose first second runs at half its later pace: 25
-    batches of 40 ms, then 50 ms of 20 ms each."""
+    batches of 40 ms, then 50 batches of 20 ms."""
     line = Timeline(backlog=0, window_s=0.3, settle_s=settle_s, settle_items=settle_items)
     t = 0.0
     for i in range(75):
@@ -322,7 +322,7 @@ def test_the_first_stretch_is_measured_after_the_process_warmed_up() -> None:
     assert slow is not None and slow.samples_per_s < 0.8 * later
 
 
-def test_a_short_epoch_s_first_stretch_settles_in_over_half_its_items() -> None:
+def test_a_short_epoch_s_first_stretch_settles_in_within_its_items() -> None:
     line, _ = _warming_timeline(settle_s=60.0, settle_items=30)
     assert line.warmup == 30
     assert line.measured() == 75 - 1 - 30
