@@ -163,6 +163,8 @@ class Tuning:
         self.epoch_items: int | None = None
         """Items an epoch has (``None``: no length); a candidate needing more than half of them for
         one measurement is not tried."""
+        self.early: tuple[SearchSpace, dict[str, str], float | None] | None = None
+        """What ``start_filling`` planned before the first stretch, until the search starts."""
 
     # -- the search --------------------------------------------------------------------------------
 
@@ -238,7 +240,16 @@ class Tuning:
             # No cache can make this run faster: the epochs stop paying to fill one.
             self.filling = None
 
-    def _start_search(self) -> None:
+    def start_filling(self) -> None:
+        """Before the search's first stretch: plan the space and start the ram cache's fill, so that
+        the first stretch loads through it like every other stretch of the epoch (NOTE [ The search
+        fills from its first stretch ]). Planned once; ``_start_search`` takes what it planned."""
+        if self.explorer is None and self.early is None and not self.ledger.records:
+            self.early = self._plan_space()
+
+    def _plan_space(self) -> tuple[SearchSpace, dict[str, str], float | None]:
+        """(the space, the strategies refused with why, a device cache's estimated build), with the
+        ram cache's fill started where the space has one."""
         space, refused = self._space()
         ctx = self.plan.dist
         # A ram cache fills from the samples the epoch loads anyway (NOTE [ Filling caches ]): it
@@ -253,6 +264,12 @@ class Tuning:
             except CandidateError as err:
                 refused["ram"] = str(err)
                 space = replace(space, pretransforms=tuple(p for p in space.pretransforms if p != "ram"))
+        return space, refused, build_s
+
+    def _start_search(self) -> None:
+        early, self.early = self.early, None
+        # Data seen on an accelerator in the first stretch bounds the workers: planned again then.
+        space, refused, build_s = early if early is not None and not self.cuda_data else self._plan_space()
         self.space = space
         self.explorer = Explorer(space, self.baseline, self.ledger, allowed_fields=self.fixed.fields(),
                                  cache_build_s=build_s,

@@ -144,6 +144,26 @@ def test_a_ram_cache_fills_from_the_epochs_and_is_then_measured(no_leaked_childr
     assert ram and all(t.measurement is None or t.measurement.build_s < 5.0 for t in ram), table
 
 
+def test_every_stretch_of_the_first_epoch_fills_the_cache(no_leaked_children) -> None:
+    # The fill starts before the search's first stretch (NOTE [ The search fills from its first
+    # stretch ]): whichever candidates the epoch measured, every sample it served was stored, so the
+    # cache is measured from the second epoch. Started after the first stretch, the samples that
+    # stretch served (up to half of a short epoch) waited for the second epoch to be stored.
+    from autotune.workloads import CIFAR10Like, cifar_train_transform
+
+    ds = CIFAR10Like(1536, transform=cifar_train_transform())
+    with DataLoader(ds, batch_size=32, shuffle=True, cache=False, epochs=8) as loader:
+        labels = [int(v) for _x, y in loader for v in y]
+        filling = loader._tuning.filling
+        table = loader.tuning.table() if loader.tuning is not None else ""
+        assert len(labels) == len(ds)
+        assert filling is not None, table
+        if not filling.shared:
+            pytest.skip("/dev/shm cannot hold the cache: worker processes do not fill it here")
+        counts = filling.fill_counts()
+        assert counts.filled == len(ds) and counts.stopped is None, (counts, table)
+
+
 def test_the_order_is_the_sampler_s_while_exploring(no_leaked_children) -> None:
     # Stretches hand out their batches in order (out-of-order delivery only once settled), so the
     # epoch comes exactly as a plain DataLoader with the same sampler would give it.
