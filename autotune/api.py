@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from . import distributed, profiles
+from .machine import others_load
 from .measure import measure
 from .plan import Plan, make_plan
 from .progress import Progress
@@ -135,6 +136,7 @@ def _result(outcome: SearchOutcome, plan: Plan, settings: SearchSettings) -> Tun
         outcome.decision, outcome.trials, device=str(plan.device), epochs=plan.epochs,
         budget_s=plan.budget_s, tuning_s=time.monotonic() - plan.started_at, key=plan.key,
         machine=plan.machine.fingerprint(), workload=plan.workload, study_name=outcome.study_name,
+        load_average=others_load(plan.cpu_at_start),
         storage_url=(profiles.mask_url(settings.storage_url)
                      if outcome.study_name and settings.storage_url else None),
     )

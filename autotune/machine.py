@@ -11,6 +11,7 @@ import math
 import os
 import platform
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -531,3 +532,92 @@ def detect_machine(*, root: str = "/") -> MachineInfo:
         shm_free_bytes=None if shm is None else shm.free_bytes,
         limit_notes=limits.notes,
     )
+
+
+# NOTE [ Others' load ]
+# The load a choice was measured under is the work other processes ran on the CPUs this process may
+# use, not the load average: that counts this process too (a training run keeps its CPUs busy, and a
+# profile stored at its end said "1.0 per CPU" of a machine nobody else used), and for a minute after
+# it ends, the run before (the next run, starting on an idle machine, saw a "change" and measured its
+# choice again). Over a window: the busy CPU seconds of the usable CPUs (all processes; time stolen by
+# a hypervisor counts as busy) less the CPU seconds this process and its descendants ran, living and
+# ended, per usable CPU and second of the window. 0: nobody else; 1: others keep every usable CPU busy.
+# Live children are found through /proc/<pid>/task/<tid>/children, not by reading every process on the
+# machine (NOTE [ A watchdog beside a busy step ] in supervise.py says what that scan can cost).
+
+MIN_LOAD_WINDOW_S = 1.0
+"""Others' load is read over at least this long a window: CPU times tick every 10 ms."""
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """The CPU seconds run by the usable CPUs (``busy_s``) and by this process with its descendants
+    (``own_s``) at monotonic time ``at``: two of them give others' load (NOTE [ Others' load ])."""
+
+    at: float
+    busy_s: float
+    own_s: float
+    cpus: int
+
+
+def _busy_seconds(times: Any) -> float:
+    return sum(getattr(times, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def _live_children(pid: int) -> list[int]:
+    """The children of ``pid`` from its tasks' ``children`` files (Linux); none where they are not."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds run by this process and its descendants so far, ended descendants included."""
+    total, todo, seen = 0.0, [os.getpid()], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+        todo.extend(_live_children(pid))
+    return total
+
+
+def cpu_snapshot() -> CpuSnapshot | None:
+    """The CPU times now (NOTE [ Others' load ]); ``None`` where the OS does not give them."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        if cpus is not None:
+            per_cpu = psutil.cpu_times(percpu=True)
+            busy = sum(_busy_seconds(per_cpu[i]) for i in cpus if i < len(per_cpu))
+        else:
+            busy = _busy_seconds(psutil.cpu_times())
+        count = len(cpus) if cpus is not None else (os.cpu_count() or 1)
+        return CpuSnapshot(time.monotonic(), busy, own_cpu_seconds(), max(1, count))
+    except (OSError, psutil.Error, AttributeError):
+        return None
+
+
+def others_load(since: CpuSnapshot | None, now: CpuSnapshot | None = None) -> float | None:
+    """The work other processes ran per usable CPU from ``since`` to ``now`` (default: this moment),
+    rounded to 0.01 (NOTE [ Others' load ]); ``None`` over a window under MIN_LOAD_WINDOW_S or
+    without readings."""
+    now = now if now is not None else cpu_snapshot()
+    if since is None or now is None or now.at - since.at < MIN_LOAD_WINDOW_S:
+        return None
+    others = (now.busy_s - since.busy_s) - (now.own_s - since.own_s)
+    return round(max(0.0, others / (now.at - since.at) / since.cpus), 2)

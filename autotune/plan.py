@@ -27,7 +27,14 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from . import distributed, fingerprint, preflight, profiles, shm
 from . import pretransform as pt
 from .exceptions import AutotuneWarning, ConfigurationError
-from .machine import MachineInfo, detect_machine, memory_available_bytes, shm_free_bytes
+from .machine import (
+    CpuSnapshot,
+    MachineInfo,
+    cpu_snapshot,
+    detect_machine,
+    memory_available_bytes,
+    shm_free_bytes,
+)
 from .pretransform.split import rng_preserved
 from .space import Candidate, SearchSpace, build_space, check_bound, resolve_batch_sizes, resolve_in_order
 from .study import SearchSettings
@@ -86,6 +93,8 @@ class Plan:
     excluded: dict[str, str] = field(default_factory=dict)
     """Settings left out of the space for this dataset, each with the reason."""
     started_at: float = 0.0
+    cpu_at_start: CpuSnapshot | None = None
+    """The CPU times when planning began: others' load is read from them (NOTE [ Others' load ])."""
     persistent: bool | None = None
     """``persistent_workers`` as the user fixed it (``None``: decided by the epochs)."""
     baseline: dict[str, Any] | None = None
@@ -194,7 +203,7 @@ def make_plan(
     describes the dataset without a sample. ``stacklevel`` points the warnings at the user's line,
     counted from the caller of this function.
     """
-    started = time.monotonic()
+    started, cpu_at_start = time.monotonic(), cpu_snapshot()
     n = preflight.check_dataset(dataset, allow_empty=not read_samples)
     budget = None if budget_s is None else preflight.check_number(
         "budget_s", budget_s, minimum=0,
@@ -275,8 +284,8 @@ def make_plan(
         batch_timeout_s=batch_timeout, shuffle=shuffle, collate_fn=collate_fn, seed=seed,
         machine=machine, dist=ctx, workload=workload,
         key=fingerprint.profile_key(machine.fingerprint(), workload), excluded=excluded,
-        started_at=started, persistent=persistent, baseline=dict(baseline) if baseline else None,
-        read_samples=read_samples,
+        started_at=started, cpu_at_start=cpu_at_start, persistent=persistent,
+        baseline=dict(baseline) if baseline else None, read_samples=read_samples,
     )
 
 

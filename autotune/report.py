@@ -28,6 +28,10 @@ REASON_WIDTH = 92
 TEXT_WIDTH = 96
 """Width prose in the summary is wrapped to, so it reads in a 100-column terminal."""
 
+BUSY_LOAD = 0.25
+"""Other processes' work per usable CPU above which the summary calls the machine busy (one process
+keeping one core of two busy reads 0.5; NOTE [ Others' load ] in machine.py)."""
+
 PLOT_INSTALL_HINT = "pip install 'dataloader-autotune[plot]'"
 """How to get matplotlib for :func:`plot` (the package is installed as ``dataloader-autotune``)."""
 
@@ -262,8 +266,9 @@ def summary_text(result: TuneResult) -> str:
         lines += textwrap.wrap(f"Decision:    {result.decision}", width=TEXT_WIDTH,
                                subsequent_indent=" " * 13)
     if result.load_average is not None:
-        lines.append(f"Load:        {result.load_average:.2f} per usable CPU when tuning ended"
-                     + (" (a busy machine: figures are noisier)" if result.load_average > 0.75 else ""))
+        lines.append(f"Load:        other processes ran {result.load_average:.2f} of each usable CPU while"
+                     " it tuned" + (" (a busy machine: figures are noisier)"
+                                    if result.load_average > BUSY_LOAD else ""))
     lines.append(f"Diagnosis:   {result.diagnosis()}")
     if (limited := limits(result)) is not None:
         lines.append(f"Limits:      {limited}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -45,7 +44,8 @@ class TuneResult:
     samples/s alone. A configuration replaces the baseline only when the whole interval is above 1:
     otherwise the result *is* the baseline, and ``decision`` says why. ``torch_threads`` is the
     main-process thread count the winner was measured with (``None``: leave it as it is).
-    ``load_average`` is the machine's one-minute load per usable CPU when tuning ended.
+    ``load_average`` is the work other processes ran per usable CPU while it tuned (0: none, 1: every
+    usable CPU busy with them; NOTE [ Others' load ] in machine.py), ``None`` where unread.
     """
 
     loader_kwargs: dict[str, Any]
@@ -212,18 +212,8 @@ def from_decision(decision: Decision, trials: Sequence[TrialRecord], **context: 
         decision=decision.reason,
         spread=chosen.spread,
         trials=tuple(trials),
-        load_average=load_per_cpu(),
         **context,
     )
-
-
-def load_per_cpu() -> float | None:
-    """The one-minute load average per usable CPU (1.0: every core busy), where the OS reports it."""
-    try:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return round(os.getloadavg()[0] / max(1, cpus), 2)
-    except OSError:
-        return None
 
 
 def profile_problem(record: dict[str, Any]) -> str | None:

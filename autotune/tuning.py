@@ -39,6 +39,7 @@ from .decide import Decision, Ledger, TrialRecord
 from .describe import contains_cuda
 from .distributed import reduce_measurements
 from .exceptions import CandidateError
+from .machine import CpuSnapshot, cpu_snapshot, others_load
 from .measure import Measurement
 from .online import (
     MAX_STRETCH_FRACTION,
@@ -51,7 +52,7 @@ from .online import (
     stretch_items,
 )
 from .plan import CUDA_DATA, Plan
-from .result import TuneResult, from_decision, load_per_cpu, lookup
+from .result import TuneResult, from_decision, lookup
 from .space import Candidate, SearchSpace, Strategy, cpus_per_rank
 
 log = logging.getLogger("autotune")
@@ -165,6 +166,10 @@ class Tuning:
         one measurement is not tried."""
         self.early: tuple[SearchSpace, dict[str, str], float | None] | None = None
         """What ``start_filling`` planned before the first stretch, until the search starts."""
+        self.load_check: tuple[float, CpuSnapshot | None] | None = None
+        """A stored choice's load and the CPU times since it serves, until others' load is read."""
+        self.load_since = plan.cpu_at_start
+        """The CPU times when the latest search began: its result's load is read from them."""
 
     # -- the search --------------------------------------------------------------------------------
 
@@ -405,22 +410,35 @@ class Tuning:
         """Settled from the start: a stored profile, or a configuration given (``make_loader``).
 
         A profile chosen under another load than the machine has now is not this machine's truth
-        as it is now: its choice is measured against the baseline again in the first epoch.
+        as it is now: where the first settled epoch finds other processes running more (or less)
+        than when it was chosen, its choice is measured against the baseline again in the next.
         """
         self.result = result
         self.settled = c
-        now = load_per_cpu()
         then = result.load_average if result is not None else None
-        changed = now is not None and then is not None and abs(now - then) > LOAD_CHANGE
+        if then is not None and c != self.baseline:
+            self.load_check = (then, cpu_snapshot())
+
+    def _check_load(self) -> None:
+        """After a settled epoch of a stored choice: others' load read over it against the load the
+        choice was measured under (NOTE [ Others' load ] in machine.py); changed by more than
+        LOAD_CHANGE, the next epoch measures it against the baseline again."""
+        if self.load_check is None:
+            return
+        then, since = self.load_check
+        now = others_load(since)
         ctx = self.plan.dist
         if ctx is not None:  # rank 0's reading, so that every rank checks, or none
-            changed = bool(ctx.broadcast(changed if ctx.leader else None))
-        if changed and now is not None and then is not None and c != self.baseline:
+            now = ctx.broadcast(now if ctx.leader else None)
+        if now is None:
+            return  # too short a window to read: the next epoch reads a longer one
+        self.load_check = None
+        if abs(now - then) > LOAD_CHANGE and self.settled is not None and self.pending is None:
             self.slow = SLOW_EPOCHS
             self.last_search_at = -MIN_EPOCHS_BETWEEN_SEARCHES
-            self.pending = (f"the profile for the loader at {self.origin} was chosen at a load of"
-                            f" {then:.2f} per CPU and the load is {now:.2f} now; measuring its choice"
-                            " against the baseline again")
+            self.pending = (f"the profile for the loader at {self.origin} was chosen while other"
+                            f" processes ran {then:.2f} of each CPU, and they ran {now:.2f} over the"
+                            " last epoch; measuring its choice against the baseline again")
 
     def _result(self, decision: Decision) -> TuneResult:
         trials = tuple(self.history) + tuple(self.ledger.records)
@@ -428,6 +446,7 @@ class Tuning:
             decision, trials, device=str(self.plan.device), epochs=self.plan.epochs, budget_s=0.0,
             tuning_s=sum(r.duration_s for r in trials), key=self.plan.key,
             machine=self.plan.machine.fingerprint(), workload=self.plan.workload,
+            load_average=others_load(self.load_since),
         )
 
     def partial_result(self) -> TuneResult | None:
@@ -478,8 +497,13 @@ class Tuning:
 
     def end_settled_epoch(self, samples: int, wall_s: float, wait_s: float) -> None:
         self.epochs_done += 1
-        if samples <= 0 or wall_s <= 0:
-            return
+        if samples > 0 and wall_s > 0:
+            self._judge_epoch(samples, wall_s, wait_s)
+        if self.plan.epochs - self.epochs_done >= 1:
+            self._check_load()
+
+    def _judge_epoch(self, samples: int, wall_s: float, wait_s: float) -> None:
+        """A settled epoch's rate against the baseline's, and its wait against the first's."""
         rate, wait = samples / wall_s, min(1.0, wait_s / wall_s)
         if self.together:
             ctx = self.plan.dist
@@ -519,6 +543,7 @@ class Tuning:
                          self.origin, settled.label())
                 self.search_epochs = 0
                 self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
+                self.load_since = cpu_snapshot()
                 self.explorer = Explorer.challenge(self.space, self.baseline, [*cached, settled],
                                                    self.ledger)
             return
@@ -529,6 +554,7 @@ class Tuning:
         settled, self.settled = self.settled, None
         self.search_epochs = 0
         self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
+        self.load_since = cpu_snapshot()
         if self.slow >= SLOW_EPOCHS and settled != self.baseline:
             if self.space is None:
                 self.space, _ = self._space()

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -424,3 +426,42 @@ def test_a_real_64_mib_dev_shm_is_read() -> None:
     assert seen["bucket"] == 64
     assert "/dev/shm 64 MiB (6" in seen["line"]
     assert not os.path.exists("/dev/shm/autotune-test")  # the host's /dev/shm was never touched
+
+
+def _spin_then_wait(cpu_s: float, spun: Any, leave: Any) -> None:
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        pass
+    spun.set()
+    leave.wait(60)
+
+
+def test_own_cpu_counts_living_and_ended_children() -> None:
+    # What this process's own workers run is not others' load (NOTE [ Others' load ]): a child's CPU
+    # seconds count while it lives and after it ended. Spun by CPU time, a busy machine only slows it;
+    # the kernel counts in ticks of 10 ms, hence the margin.
+    ctx = multiprocessing.get_context("fork")
+    spun, leave = ctx.Event(), ctx.Event()
+    before = machine.own_cpu_seconds()
+    child = ctx.Process(target=_spin_then_wait, args=(0.5, spun, leave))
+    child.start()
+    try:
+        assert spun.wait(60)
+        assert child.is_alive()
+        assert machine.own_cpu_seconds() - before >= 0.45
+    finally:
+        leave.set()
+        child.join(60)
+    assert machine.own_cpu_seconds() - before >= 0.45
+
+
+def test_others_load_is_the_usable_cpus_busy_time_less_this_process_s() -> None:
+    since = machine.CpuSnapshot(at=0.0, busy_s=100.0, own_s=10.0, cpus=2)
+    now = machine.CpuSnapshot(at=10.0, busy_s=118.0, own_s=20.0, cpus=2)
+    assert machine.others_load(since, now) == 0.4  # (18 - 10) CPU s over 10 s and 2 CPUs
+    assert machine.others_load(since, dataclasses.replace(now, busy_s=105.0)) == 0.0  # never negative
+    assert machine.others_load(since, dataclasses.replace(now, at=0.5)) is None  # too short to read
+    assert machine.others_load(None, now) is None
+    live = machine.cpu_snapshot()
+    if sys.platform.startswith("linux"):
+        assert live is not None and live.cpus == len(os.sched_getaffinity(0))
