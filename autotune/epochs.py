@@ -219,7 +219,7 @@ class Timeline:
     waits: list[float] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
-    _settled_at: int | None = None
+    _settled_at: int | None = field(default=None, init=False, repr=False)
 
     @property
     def warmup(self) -> int:
@@ -342,11 +342,11 @@ class Stretch:
         self.fetch_cpu_s = 0.0
         """Wall and main-thread CPU time of the fetches after the first (``Outcome.load_cpu_share``)."""
         c = candidate
-        self.line = Timeline(backlog=c.num_workers * (c.prefetch_factor or 2) if c.num_workers else 0,
-                             window_s=window_s, settle_s=window_s if settle else 0.0,
-                             settle_items=None)
-        if settle and limit is not None:  # room left for a window within the stretch's items
-            self.line.settle_items = limit - 1 - max(STRETCH_MIN_BATCHES, self.line.backlog)
+        backlog = c.num_workers * (c.prefetch_factor or 2) if c.num_workers else 0
+        self.line = Timeline(backlog=backlog, window_s=window_s, settle_s=window_s if settle else 0.0,
+                             # room left for a window within the stretch's items
+                             settle_items=(limit - 1 - max(STRETCH_MIN_BATCHES, backlog)
+                                           if settle and limit is not None else None))
         self.close_s = 0.0
         """What closing it took (its workers' exit): part of what it cost the loop."""
         self._signals = contextlib.ExitStack()
