@@ -8,8 +8,10 @@ Raw reads are counted in shared memory, so that a read in any worker process cou
 from __future__ import annotations
 
 import gc
+import mmap
 import multiprocessing
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +31,7 @@ from autotune import pretransform as pt
 from autotune.exceptions import CandidateInfeasible, ConfigurationError, StaleCacheWarning
 from autotune.pretransform.filling import FillingSamples
 from autotune.pretransform.split import probe_indices, prove
-from autotune.pretransform.stores import FilledColumn, copy_rows
+from autotune.pretransform.stores import POPULATE_AHEAD_BYTES, FilledColumn, copy_rows, populate, shared_empty
 from autotune.threads import ThreadDataLoader
 
 CPU = torch.device("cpu")
@@ -487,3 +489,35 @@ def test_a_deep_copy_reads_the_cache_and_stores_nothing_ragged() -> None:
     clone = copy.deepcopy(prepared.dataset)  # the lock cannot be copied: the copy stores nothing
     assert all(map(same, seeded(clone, range(20)), seeded(ds, range(20))))
     assert int(np.count_nonzero(clone.filler.flags.numpy() == 1)) == 10
+
+
+def _minor_faults() -> int:
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])  # minflt, field 10 of proc(5)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise populate is Linux's")
+def test_a_populated_buffer_is_written_without_a_fault_a_page_and_keeps_its_bytes() -> None:
+    # NOTE [ Populating a cache's pages ]: the pages are mapped ahead in one call, so the writes
+    # that follow fault (nearly) none of them, and populating changes no byte.
+    numel = 32 << 20
+    flat = shared_empty(numel, torch.uint8)
+    if not populate(flat):
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
+    assert not bool(flat.any())
+    before = _minor_faults()
+    flat.numpy()[:] = 7
+    assert _minor_faults() - before < numel // mmap.PAGESIZE // 20
+    assert bool((flat == 7).all())
+    assert not populate(flat[::2])  # not contiguous: left to fault as it is written
+    assert not populate(flat, 10, 10)
+
+
+def test_a_ragged_column_populates_ahead_of_its_writes_only() -> None:
+    col = FilledColumn.empty(4, torch.uint8, 64 << 20, "ragged", torch.Tensor, share=True)
+    sample = torch.arange(200, dtype=torch.uint8)
+    start = col.reserve(sample.numel())
+    col.write(start, sample)
+    assert torch.equal(col.flat[start : start + 200], sample)
+    if col._populated < col.flat.numel():  # populated: a chunk ahead of the write, not the whole buffer
+        assert col._populated == start + POPULATE_AHEAD_BYTES

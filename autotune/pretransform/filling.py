@@ -77,6 +77,7 @@ from .stores import (
     copy_rows,
     fitting,
     mismatch,
+    populate,
     shared_empty,
 )
 
@@ -144,6 +145,7 @@ class Filler:
             else:
                 numel = n * math.prod(shape)
                 data = shared_empty(numel, dtype) if share else torch.empty(numel, dtype=dtype)
+                populate(data)  # every row will be written, in any order (NOTE [ Populating ...])
                 self.fields.append(data.view(n, *shape))
         self.ragged = tuple(ragged)
         self.flags = torch.zeros(n, dtype=torch.uint8)
