@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -166,7 +167,10 @@ class Plan:
             usable_cpus=self.machine.usable_cpus, refused=refused,
             storage_url=store.study_storage_url() if store is not None else None,
             started_at=self.started_at, baseline=self.baseline_candidate(space),
-            study_name=study_name or f"autotune-{self.key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}",
+            # The second, the process and a random token: one process may tune the same workload
+            # twice within a second (retune=True), and the storage refuses a name it already has.
+            study_name=study_name or (f"autotune-{self.key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+                                      f"-{secrets.token_hex(3)}"),
         )
         return space, settings
 

@@ -284,3 +284,18 @@ def test_a_stored_profile_with_unusable_settings_is_ignored_and_measured_again(
         again = tune_loader(Remote(), **args)
     assert not again.from_cache and again.loader_kwargs["num_workers"] >= 0
     assert tune_loader(Remote(), **args).from_cache  # the re-measured profile replaced it
+
+
+def test_tuning_the_same_workload_twice_within_a_second_keeps_both_studies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A study is named by the workload, the second and the process; the storage refuses a name it
+    # has, so two searches in one second (retune=True) need more than that. The clock is held still.
+    import autotune.api
+    import autotune.plan
+
+    monkeypatch.setattr(autotune.api, "measure", _LatencyStandIn())
+    monkeypatch.setattr(autotune.plan.time, "strftime", lambda fmt, *a: "20261202T000000")
+    args = {"batch_size": 16, "budget_s": BUDGET, "progress": False, "pretransform": "none", "retune": True}
+    first, second = tune_loader(Remote(), **args), tune_loader(Remote(), **args)  # -W error: no warning
+    assert first.study_name and second.study_name and first.study_name != second.study_name
