@@ -16,10 +16,13 @@ Per-epoch state lives in the epoch's iterator (``epochs.py``); what outlives an 
 # a loaded machine cannot make the loader thrash.
 # A ram cache that filled from the epochs after the search settled is measured against the settled
 # choice and the baseline at the next epoch boundary (``Explorer.challenge``), once, and only with
-# two epochs left at least: the one it is measured in, and one to win back what measuring cost. A
-# cache configuration replaces the settled choice only when it beats the baseline with confidence; a
-# settled choice that won its own search stays unless the check measures it slower than the baseline
-# with confidence (a check that ends without a winner is no proof that it stopped winning).
+# two epochs left at least: the one it is measured in, and one to win back what measuring cost; and
+# not where the loop waited for data less than MIN_WAIT_TO_EXPLORE of the time on the settled choice
+# (over its first settled epoch, else in the search): a cache shortens only the loading, so there it
+# could not win what measuring it costs, and the fill stops. A cache configuration replaces the
+# settled choice only when it beats the baseline with confidence; a settled choice that won its own
+# search stays unless the check measures it slower than the baseline with confidence (a check that
+# ends without a winner is no proof that it stopped winning).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -44,6 +48,7 @@ from .measure import Measurement
 from .online import (
     MAX_STRETCH_FRACTION,
     MIN_STRETCH_WINDOW_S,
+    MIN_WAIT_TO_EXPLORE,
     STRETCH_WINDOW_S,
     STRETCHES_PER_EPOCH,
     UNSIZED_STRETCH,
@@ -170,6 +175,8 @@ class Tuning:
         """A stored choice's load and the CPU times since it serves, until others' load is read."""
         self.load_since = plan.cpu_at_start
         """The CPU times when the latest search began: its result's load is read from them."""
+        self.partial: tuple[tuple[int, int], TuneResult | None] | None = None
+        """The last partial result and the measurements it was made of (history, ledger records)."""
 
     # -- the search --------------------------------------------------------------------------------
 
@@ -288,6 +295,16 @@ class Tuning:
                                reason=f"pretransform={strategy!r}: {why}")
         for left, why in space.left_out(self.plan.machine.usable_cpus):
             self.ledger.record(left, "online", "infeasible", reason=why)
+
+    def _settled_wait(self) -> float | None:
+        """The share of the time the loop waited for data on the settled configuration: over its
+        first settled epoch where one ended, else the median of what the search measured."""
+        if self.reference_wait is not None:
+            return self.reference_wait
+        assert self.settled is not None
+        waits = [r.measurement.wait_fraction for r in self.ledger.by_candidate.get(self.settled, ())
+                 if r.measurement is not None]
+        return statistics.median(waits) if waits else None
 
     def _cache_candidates(self) -> list[Candidate]:
         """The ram cache's candidates, as the search tries them (Explorer.cache_candidates)."""
@@ -455,10 +472,16 @@ class Tuning:
             return self.result
         if not self.ledger.by_candidate:
             return self.result
+        made_of = (len(self.history), len(self.ledger.records))
+        if self.partial is not None and self.partial[0] == made_of:
+            return self.partial[1]  # nothing measured since: the same decision (and no /proc read)
+        partial: TuneResult | None
         try:
-            return self._result(self._incumbent_kept(self.force_decision()))
+            partial = self._result(self._incumbent_kept(self.force_decision()))
         except BaseException:  # noqa: BLE001 - nothing measured completes a decision yet
-            return self.result
+            partial = self.result
+        self.partial = (made_of, partial)
+        return partial
 
     @contextlib.contextmanager
     def store(self) -> Iterator[profiles.ProfileStore]:
@@ -534,6 +557,14 @@ class Tuning:
                 and self.filling is not None and self.cache_ready() and self.space is not None
                 and self.settled.pretransform != "ram" and self.plan.epochs - self.epochs_done >= 2):
             self.challenged = True
+            wait = self._settled_wait()
+            if wait is not None and wait < MIN_WAIT_TO_EXPLORE:
+                # NOTE [ Online search ] 2 in online.py: a cache only shortens the loading, and the
+                # loop hardly waits for it; measuring the cache would cost more than it could win.
+                log.info("autotune: the loader at %s waits for data %.0f%% of the time on %s; its"
+                         " filled cache is not measured", self.origin, 100 * wait, self.settled.label())
+                self.filling = None
+                return
             cached = [c for c in self._cache_candidates() if c != self.settled]
             if cached:
                 settled, self.settled = self.settled, None

@@ -166,6 +166,20 @@ def test_a_filled_cache_is_measured_only_with_an_epoch_left_to_gain_in() -> None
     assert last.settled == BASE and last.explorer is None
 
 
+def test_a_filled_cache_is_not_measured_where_the_loop_hardly_waits_for_data() -> None:
+    # A cache shortens only the loading: where the settled configuration waited for data 2 % of its
+    # epoch, the check could win at most that, and the fill stops.
+    t = filled_and_settled(epochs=6, epochs_done=1)
+    t.end_settled_epoch(2000, 2.0, 0.04)
+    assert t.reference_wait is not None and t.reference_wait < 0.05
+    t.begin_epoch()
+    assert t.settled == BASE and t.filling is None
+    waited = filled_and_settled(epochs=6, epochs_done=1)
+    waited.end_settled_epoch(2000, 2.0, 0.6)  # 30 %: measured
+    waited.begin_epoch()
+    assert waited.settled is None and waited.explorer is not None and waited.explorer.phase == "final"
+
+
 ONE_THREAD = Candidate(16, torch_threads=1)
 
 
@@ -198,6 +212,7 @@ def test_a_filled_cache_that_beats_nothing_leaves_a_settled_winner_in_place() ->
             t.record(Outcome(nxt[0], nxt[1], measurement(rates[nxt[0]]), samples=640, wall_s=0.64))
         partial = t.partial_result()
         assert partial is not None and partial.candidate == ONE_THREAD, partial.decision if partial else None
+        assert t.partial_result() is partial  # nothing measured since: not decided (nor /proc read) again
         play(t, rates)
         assert t.settled == ONE_THREAD, t.result.decision if t.result else None
         assert t.result is not None and not t.result.kept_baseline
