@@ -298,12 +298,12 @@ class Tuning:
 
     def _settled_wait(self) -> float | None:
         """The share of the time the loop waited for data on the settled configuration: over its
-        first settled epoch where one ended, else the median of what the search measured."""
+        first settled epoch where one ended, else the median of what the search measured (its
+        records are in ``history``: settling starts a fresh ledger)."""
         if self.reference_wait is not None:
             return self.reference_wait
-        assert self.settled is not None
-        waits = [r.measurement.wait_fraction for r in self.ledger.by_candidate.get(self.settled, ())
-                 if r.measurement is not None]
+        waits = [r.measurement.wait_fraction for r in self.history
+                 if r.candidate == self.settled and r.measurement is not None]
         return statistics.median(waits) if waits else None
 
     def _cache_candidates(self) -> list[Candidate]:

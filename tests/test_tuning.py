@@ -5,6 +5,7 @@ its choice again, goes back to the baseline or explores again is exact."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -174,6 +175,12 @@ def test_a_filled_cache_is_not_measured_where_the_loop_hardly_waits_for_data() -
     assert t.reference_wait is not None and t.reference_wait < 0.05
     t.begin_epoch()
     assert t.settled == BASE and t.filling is None
+    # Before any settled epoch ended: what the search measured on the settled choice.
+    searched = filled_and_settled(epochs=6, epochs_done=1)
+    searched.history = [replace(r, measurement=replace(r.measurement, wait_fraction=0.02))
+                        if r.measurement is not None else r for r in searched.history]
+    searched.begin_epoch()
+    assert searched.settled == BASE and searched.filling is None
     waited = filled_and_settled(epochs=6, epochs_done=1)
     waited.end_settled_epoch(2000, 2.0, 0.6)  # 30 %: measured
     waited.begin_epoch()
