@@ -381,7 +381,8 @@ class Explorer:
 
     def _threads_around(self, best: Candidate) -> list[Candidate]:
         current = best.torch_threads or torch.get_num_threads()
-        return [replace(best, torch_threads=t) for t in self.space.torch_threads
+        # Conformed: the baseline as written may lie outside the space (its workers not kept alive).
+        return [self.conform(replace(best, torch_threads=t)) for t in self.space.torch_threads
                 if t is not None and t != current]
 
     # -- finals ------------------------------------------------------------------------------------

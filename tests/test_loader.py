@@ -466,6 +466,12 @@ def test_the_next_candidate_starts_while_the_last_batches_are_served(no_leaked_c
                     **kw) as loader:
         got = [_epoch(loader) for _ in range(2)]
         assert loader._tuning.started_ahead >= 1
+        # The written worker count is fixed, and the rest is still tried around it.
+        tuning, base = loader.tuning, loader._tuning.baseline
+        assert tuning is not None and base.num_workers == 2
+        others = [t for t in tuning.trials if t.candidate != base and t.state == "complete"]
+        assert others, [(t.candidate.label(), t.state, t.reason) for t in tuning.trials]
+        assert all(t.candidate.num_workers == 2 for t in tuning.trials)
     assert got == expected
 
 
@@ -485,8 +491,14 @@ def test_leaving_the_loop_while_a_stretch_starts_ahead_leaves_nothing_behind(no_
 
     with DataLoader(ds, generator=torch.Generator().manual_seed(3), cache=False, pretransform="none",
                     **kw) as loader:
-        got = run(loader, lambda _: loader._tuning.started_ahead > 0)
-        assert loader._tuning.started_ahead == 1
+        at_break: list[int] = []
+
+        def ahead(_: list[int]) -> bool:
+            at_break.append(loader._tuning.started_ahead)
+            return at_break[-1] > 0
+
+        got = run(loader, ahead)
+        assert at_break[-1] == 1  # the loop left right after the first stretch started ahead
     torch_loader = torch.utils.data.DataLoader(ds, generator=torch.Generator().manual_seed(3), **kw)
     assert got == run(torch_loader, lambda first: len(first) >= len(got[0]))
 

@@ -240,12 +240,8 @@ def test_a_recheck_goes_back_to_the_baseline_when_the_settled_one_no_longer_wins
     assert sum(r.candidate == settled for r in ledger.records) == 3
 
 
-def test_fixed_settings_are_never_searched() -> None:
-    ledger = Ledger(50_000, 10)
-    base = Candidate(32, num_workers=2, prefetch_factor=4, persistent_workers=True)
-    space = replace(SPACE, prefetch_factors=(2, 4))
-    ex = Explorer(space, base, ledger, allowed_fields={"num_workers": 2, "prefetch_factor": 4,
-                                                       "worker_kind": "process"})
+def serve_alike(ex: Explorer) -> list[Candidate]:
+    """Serve every candidate at the same rate until the explorer decides; what it tried, in order."""
     tried: list[Candidate] = []
     for _ in range(40):
         nxt = ex.next()
@@ -255,7 +251,30 @@ def test_fixed_settings_are_never_searched() -> None:
         tried.append(c)
         ex.record(Outcome(c, phase, measurement(100.0, 0.5), samples=SAMPLES, wall_s=SAMPLES / 100.0))
     assert ex.decision is not None
+    return tried
+
+
+def test_fixed_settings_are_never_searched() -> None:
+    ledger = Ledger(50_000, 10)
+    base = Candidate(32, num_workers=2, prefetch_factor=4, persistent_workers=True)
+    space = replace(SPACE, prefetch_factors=(2, 4))
+    ex = Explorer(space, base, ledger, allowed_fields={"num_workers": 2, "prefetch_factor": 4,
+                                                       "worker_kind": "process"})
+    tried = serve_alike(ex)
     assert all((c.num_workers, c.prefetch_factor, c.worker_kind) == (2, 4, "process") for c in tried)
+
+
+def test_a_written_worker_count_still_has_the_torch_thread_counts_tried() -> None:
+    # num_workers=2 written and persistence not: every other candidate the space allows keeps its
+    # workers alive, so the thread counts are tried on the baseline's workers kept alive.
+    base = Candidate(32, num_workers=2, prefetch_factor=2)
+    space = replace(SPACE, torch_threads=(1, 2), persistent=True)
+    ex = Explorer(space, base, Ledger(50_000, 10),
+                  allowed_fields={"num_workers": 2, "worker_kind": "process"})
+    tried = serve_alike(ex)
+    others = [c for c in tried if c != base]
+    assert others and all(c.torch_threads is not None and c.num_workers == 2 for c in others), tried
+    assert all(space.check(c) is None for c in others)
 
 
 # -- the stretch's measured window (NOTE [ Bursts ] in epochs.py) ------------------------------------
