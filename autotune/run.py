@@ -120,12 +120,17 @@ class LoaderRecord:
     served_batches: int = 0
     settled: bool = False
     tuning: TuneResult | None = None
+    measuring_again: str | None = None
+    """What the loader measured again after it settled (its ``tuning`` is the settled choice)."""
 
     def copy_state(self, loader: dropin.DataLoader) -> None:
         self.served_batches = loader.served_batches
         self.settled = loader.settled
+        self.measuring_again = loader._tuning.measuring_again()
         with contextlib.suppress(Exception):
-            self.tuning = loader.tuning
+            # Measuring again, the settled choice stands (and is the stored profile), not the new
+            # measurements' provisional pick.
+            self.tuning = loader._tuning.result if self.measuring_again is not None else loader.tuning
 
     @property
     def tunable(self) -> bool:
@@ -143,7 +148,7 @@ class LoaderRecord:
             return "too-short"
         if self.tuning is None or not self.tuning.trials:
             return "unmeasured"
-        return "tuned" if self.settled else "exploring"
+        return "tuned" if self.settled or self.measuring_again is not None else "exploring"
 
 
 @dataclass
@@ -620,6 +625,9 @@ def _loader_section(record: LoaderRecord) -> list[str]:
             "best so far (provisional: the script ended while it was still exploring)"}[status]
     kept = " (the script's own settings: nothing beat them with confidence)" if result.kept_baseline else ""
     lines.append(f"  {head}: {_label(c)}{kept}")
+    if record.measuring_again is not None:
+        lines += textwrap.wrap(f"  measured again when the script ended: {record.measuring_again};"
+                               " the choice above stands", width=TEXT_WIDTH, subsequent_indent="    ")
     against = baseline_text(result)
     if result.speedup is not None and result.baseline_samples_per_s is not None:
         lines.append(f"  speed-up: {result.speedup_text()} {against} over {result.epochs} epochs, start-up"
@@ -710,6 +718,7 @@ def to_dict(outcome: RunOutcome) -> dict[str, Any]:
             "rebuilt_at": r.rebuilt_at, "script_settings": r.script_settings, "batch_size": r.batch_size,
             "epoch_batches": r.epoch_batches, "served_batches": r.served_batches,
             "min_tune_batches": dropin.MIN_TUNE_BATCHES, "status": r.status, "settled": r.settled,
+            "measuring_again": r.measuring_again,
         }
         measured = r.status in ("tuned", "exploring", "from-profile") and r.tuning is not None
         if measured and r.tuning is not None:

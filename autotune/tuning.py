@@ -162,6 +162,9 @@ class Tuning:
         """Whether the filled cache was measured against the settled choice already."""
         self.incumbent: tuple[Candidate, Decision] | None = None
         """The settled choice a filled cache is measured against, and the decision that chose it."""
+        self.again: str | None = None
+        """What is measured again after the loader settled (a filled cache, a check, a drift's
+        search), or ``None``; its settled ``result`` stands meanwhile."""
         self.decision: Decision | None = None
         """The decision the loader settled on last."""
         self.started_ahead = 0
@@ -395,7 +398,7 @@ class Tuning:
                       " first measured pace would have", self.origin, self.explorer.loss_s)
         self.explorer = None
         self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
-        self.settled = c
+        self.settled, self.again = c, None
         self.last_search_at = self.epochs_done
         self.reference_wait = None
         self.slow = self.drifting = 0
@@ -465,6 +468,15 @@ class Tuning:
             machine=self.plan.machine.fingerprint(), workload=self.plan.workload,
             load_average=others_load(self.load_since),
         )
+
+    def measuring_again(self) -> str | None:
+        """Where the loader settled before and measures again now (or at the next epoch): what it
+        measures; ``None`` where it never settled or serves its settled choice unquestioned."""
+        if self.result is None:
+            return None
+        if self.settled is None:
+            return self.again
+        return "nothing yet: it was due at the next epoch" if self.pending is not None else None
 
     def partial_result(self) -> TuneResult | None:
         """What was measured so far, before a decision."""
@@ -568,6 +580,7 @@ class Tuning:
             cached = [c for c in self._cache_candidates() if c != self.settled]
             if cached:
                 settled, self.settled = self.settled, None
+                self.again = f"its filled cache against {settled.label()}"
                 if self.decision is not None:
                     self.incumbent = (settled, self.decision)
                 log.info("autotune: the loader at %s has filled its cache; measuring it against %s",
@@ -589,8 +602,10 @@ class Tuning:
         if self.slow >= SLOW_EPOCHS and settled != self.baseline:
             if self.space is None:
                 self.space, _ = self._space()
+            self.again = f"{settled.label()} against the baseline"
             self.explorer = Explorer.recheck(self.space, self.baseline, settled, self.ledger)
         else:
+            self.again = "other configurations, the loop waiting longer for data than when it settled"
             self.explorer = None  # a new search, from the baseline
 
 

@@ -489,6 +489,26 @@ def test_the_trainer_s_loader_is_reported_as_training_arguments() -> None:
                                 " dataloader_persistent_workers=True, dataloader_prefetch_factor=4")
 
 
+def test_a_loader_measuring_again_when_the_script_ended_reports_the_choice_that_stands() -> None:
+    # Settled and stored, then measuring its filled cache when the script ended: the settled
+    # choice is the answer, not the check's provisional pick, and the report says what was measured.
+    from autotune.run import LoaderRecord, _loader_section
+
+    chosen = Candidate(batch_size=16, torch_threads=1)
+    record = LoaderRecord(number=1, origin="fit.py:32", called_from=None, builder="__main__",
+                          script_settings={}, batch_size=16, epoch_batches=64, served_batches=100,
+                          settled=False, measuring_again=f"its filled cache against {chosen.label()}",
+                          tuning=TuneResult(loader_kwargs=chosen.loader_kwargs(), torch_threads=1,
+                                            trials=(_trial(0, chosen, 1000.0),), key="k"))
+    assert record.status == "tuned"
+    text = "\n".join(_loader_section(record))
+    assert "best found: w=0 t=1\n" in text, text
+    assert "measured again when the script ended: its filled cache against bs=16 w=0 t=1" in text, text
+    assert "stored as profile k" in text and "provisional" not in text
+    record.measuring_again = None
+    assert record.status == "exploring"
+
+
 def _trial(number: int, c: Candidate, score: float) -> TrialRecord:
     m = Measurement(samples_per_s=score, busy=0.5, wait_fraction=0.5, step_ms=1.0, wait_ms=1.0,
                     startup_s=0.1, batches=10, samples=160, window_s=1.0, peak_memory_bytes=0)

@@ -219,9 +219,13 @@ def test_a_filled_cache_that_beats_nothing_leaves_a_settled_winner_in_place() ->
             t.record(Outcome(nxt[0], nxt[1], measurement(rates[nxt[0]]), samples=640, wall_s=0.64))
         partial = t.partial_result()
         assert partial is not None and partial.candidate == ONE_THREAD, partial.decision if partial else None
+        # Ended here, the run reports the settled choice, which stands, and what was measured.
+        assert t.measuring_again() == f"its filled cache against {ONE_THREAD.label()}"
+        assert t.result is not None and t.result.candidate == ONE_THREAD
         assert t.partial_result() is partial  # nothing measured since: not decided (nor /proc read) again
         play(t, rates)
         assert t.settled == ONE_THREAD, t.result.decision if t.result else None
+        assert t.measuring_again() is None
         assert t.result is not None and not t.result.kept_baseline
 
 
