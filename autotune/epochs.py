@@ -36,6 +36,20 @@
 # waited twice (the step is the bottleneck), batches come as fast as the loop asks and the window is
 # the later half of the measured items, as above.
 #
+# NOTE [ Drained windows ]
+# A fetch that waited found no batch ready: whatever the workers had made ready ahead of the loop
+# (up to workers x prefetch batches) was served by then. So a window between two such fetches reads
+# the rate the loader sustains, however deep its queue, and needs neither the backlog's worth of
+# warm-up items nor a second backlog to drain: only the warm-up batches and STRETCH_MIN_BATCHES
+# between the two fetches. Without it, a worker count far past the CPUs (16 workers, prefetch 2: a
+# 32-batch queue) needs some 70 items before its window opens, more than a short epoch holds, and
+# the user's own settings were never measured at all. Where the loop never waits (the step is the
+# bottleneck) the backlog rule stands: nothing then proves the queue drained.
+# What is left between two such fetches is the work the workers have in hand, up to a batch each;
+# it counts at one end and not at the other, so the window spans DRAINED_CYCLES batches per worker
+# (``online.drained_span``), and the queue's change is counted as well (NOTE [ Queue-corrected
+# windows ] in measure.py): in order, a fetch waits for its own batch with others finished behind it.
+#
 # NOTE [ The first stretch settles in ]
 # The first stretch of the search serves the baseline while the process itself still warms up: the
 # first steps of a training run are slower (allocations, caches, the page cache), with torch's own
@@ -83,12 +97,13 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data as tud
 
 from .decide import Phase, describe_error
-from .measure import WARMUP_BATCHES, Measurement, batch_length, quiet_worker_warning
-from .online import STRETCH_MIN_BATCHES, STRETCH_WINDOW_S, Outcome
+from .measure import WARMUP_BATCHES, Measurement, batch_length, produced, quiet_worker_warning
+from .online import STRETCH_MIN_BATCHES, STRETCH_WINDOW_S, Outcome, drained_span
 from .space import Candidate
 from .supervise import (
     CHILD_SIGNAL,
     process_memory,
+    ready_batches,
     remove_orphan_segments,
     start_iterator,
     stop_iterator,
@@ -209,6 +224,8 @@ class Timeline:
 
     backlog: int
     """Items the workers may have made ready ahead of the user (workers x prefetch)."""
+    workers: int = 0
+    """Workers loading at once: a drained window spans ``drained_span`` items."""
     window_s: float = STRETCH_WINDOW_S
     settle_s: float = 0.0
     """Seconds served before the warm-up may end (NOTE [ The first stretch settles in ])..."""
@@ -218,37 +235,63 @@ class Timeline:
     received: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
+    ready: list[int | None] = field(default_factory=list)
+    """Per item: batches the workers had finished ahead of the loop (``None``: not known)."""
     steps: list[float] = field(default_factory=list)
     _settled_at: int | None = field(default=None, init=False, repr=False)
 
     @property
     def warmup(self) -> int:
+        """Items before the measured window: the warm-up batches, the backlog, and the first
+        stretch's settling in (NOTE [ The first stretch settles in ])."""
         first = WARMUP_BATCHES + self.backlog
         if self.settle_s <= 0:
             return first
         if self._settled_at is None:
-            if not self.received:
+            at = self._settle_index(first)
+            if at is None:
                 return first
-            at = bisect.bisect_left(self.received, self.received[0] + self.settle_s)
-            if self.settle_items is not None:
-                at = min(at, self.settle_items)
-            at = max(first, at)
             if at >= len(self.received):
                 return at  # still settling in: nothing measured yet
             self._settled_at = at
         return self._settled_at
 
-    def item(self, asked: float, got: float, samples: int) -> None:
+    def _settle_index(self, first: int) -> int | None:
+        """The item where settling in ends, at ``first`` at the earliest (``None``: nothing yet)."""
+        if not self.received:
+            return None
+        at = bisect.bisect_left(self.received, self.received[0] + self.settle_s)
+        if self.settle_items is not None:
+            at = min(at, self.settle_items)
+        return max(first, at)
+
+    def drained(self) -> tuple[int, int] | None:
+        """(first, last) of two fetches that waited, after the warm-up batches and the settling in,
+        at least STRETCH_MIN_BATCHES apart (NOTE [ Drained windows ]); ``None``: none yet."""
+        floor = WARMUP_BATCHES if self.settle_s <= 0 else self._settle_index(WARMUP_BATCHES)
+        if floor is None:
+            return None
+        waited = [i for i in range(floor, len(self.received)) if self.waits[i] >= WAITED_S]
+        if len(waited) >= 2 and waited[-1] - waited[0] >= drained_span(self.workers):
+            return waited[0], waited[-1]
+        return None
+
+    def item(self, asked: float, got: float, samples: int, ready: int | None = None) -> None:
         self.received.append(got)
         self.waits.append(got - asked)
         self.counts.append(samples)
+        self.ready.append(ready)
 
     def measured(self) -> int:
         return max(0, len(self.received) - 1 - self.warmup)
 
     def complete(self, now: float) -> bool:
-        """Enough items past the warm-up (at least a second backlog's worth: one made ready during
-        start-up drains only as fast as the step outpaces the workers) over enough time."""
+        """A drained window of at least ``window_s`` (NOTE [ Drained windows ]), or else enough items
+        past the warm-up (at least a second backlog's worth: one made ready during start-up drains
+        only as fast as the step outpaces the workers) over enough time."""
+        span = self.drained()
+        if span is not None and self.received[span[1]] - self.received[span[0]] >= self.window_s:
+            return True
         if self.measured() < max(STRETCH_MIN_BATCHES, self.backlog):
             return False
         return now - self.received[self.warmup] >= self.window_s
@@ -264,21 +307,19 @@ class Timeline:
         """(the item it opens at, the last item in it, the time it closes) of the measured window:
         between two fetches that waited, else from the later half's first item to ``end`` (NOTE
         [ Bursts ])."""
-        last = len(self.received) - 1
-        waited = [i for i in range(self.warmup, last + 1) if self.waits[i] >= WAITED_S]
-        if len(waited) >= 2 and waited[-1] - waited[0] >= STRETCH_MIN_BATCHES:
-            return waited[0], waited[-1], self.received[waited[-1]]
-        return self.warmup + self.measured() // 2, last, end
+        span = self.drained()
+        if span is not None:
+            return span[0], span[1], self.received[span[1]]
+        return self.warmup + self.measured() // 2, len(self.received) - 1, end
 
     def measurement(self, end: float, build_s: float, workers: set[int]) -> Measurement | None:
         """The window's measurement (``None``: too few items); ``workers``: the stretch's worker
         processes, whose memory counts with the main process's."""
-        n = self.measured()
-        if n < max(STRETCH_MIN_BATCHES, self.backlog):
+        if self.drained() is None and self.measured() < max(STRETCH_MIN_BATCHES, self.backlog):
             return None  # too few: the items made ready during start-up would flatter the rate
         k, stop, closes = self.window(end)
         wall = max(closes - self.received[k], 1e-9)
-        samples = sum(self.counts[k + 1:stop + 1])
+        samples = produced(sum(self.counts[k + 1:stop + 1]), stop - k, self.ready[k], self.ready[stop])
         waits = self.waits[k + 1:stop + 1]
         steps = self.steps[k:] if closes == end else self.steps[k:stop]  # the steps inside the window
         return Measurement(
@@ -343,7 +384,8 @@ class Stretch:
         """Wall and main-thread CPU time of the fetches after the first (``Outcome.load_cpu_share``)."""
         c = candidate
         backlog = c.num_workers * (c.prefetch_factor or 2) if c.num_workers else 0
-        self.line = Timeline(backlog=backlog, window_s=window_s, settle_s=window_s if settle else 0.0,
+        self.line = Timeline(backlog=backlog, workers=c.num_workers, window_s=window_s,
+                             settle_s=window_s if settle else 0.0,
                              # room left for a window within the stretch's items
                              settle_items=(limit - 1 - max(STRETCH_MIN_BATCHES, backlog)
                                            if settle and limit is not None else None))
@@ -412,7 +454,7 @@ class Stretch:
             self.fetch_s += got - now
             self.fetch_cpu_s += time.thread_time() - cpu
         n = batch_length(item, self.loader.batch_size or 1)
-        self.line.item(now, got, n)
+        self.line.item(now, got, n, ready_batches(self.it))
         self.served += 1
         self.samples += n
         self.last = time.perf_counter()

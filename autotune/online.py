@@ -93,10 +93,27 @@ RECHECK_ROUNDS = 3
 give each two degrees of freedom of noise, enough to tell a clear loss from a wobble."""
 
 
+DRAINED_CYCLES = 2
+"""Batches per worker a window between two fetches that waited spans at least: each end may count
+up to a batch per worker still in hand (NOTE [ Drained windows ] in epochs.py)."""
+
+
+def drained_span(workers: int) -> int:
+    """Items between the two waited fetches of a drained window (NOTE [ Drained windows ])."""
+    return max(STRETCH_MIN_BATCHES, DRAINED_CYCLES * workers)
+
+
 def stretch_items(c: Candidate) -> int:
-    """Items a measured stretch of ``c`` needs at least: the warm-up, a second backlog, the window."""
+    """Items a measured stretch of ``c`` may need: the warm-up, a second backlog, the window (where
+    the loop never waits for data, nothing shorter proves the workers' queue drained)."""
     backlog = c.num_workers * (c.prefetch_factor or 2)
     return WARMUP_BATCHES + 2 * backlog + STRETCH_MIN_BATCHES + 1
+
+
+def drained_items(c: Candidate) -> int:
+    """Items a measured stretch of ``c`` needs where the loop waits for data (the search explores
+    only there): the warm-up, the workers' first round, and a drained window."""
+    return WARMUP_BATCHES + c.num_workers + drained_span(c.num_workers) + 1
 
 
 @dataclass(frozen=True)
@@ -183,7 +200,7 @@ class Explorer:
 
     def fits(self, c: Candidate) -> bool:
         """Whether a stretch of ``c`` can be measured within ``longest_stretch`` items."""
-        return self.longest_stretch is None or stretch_items(c) <= self.longest_stretch
+        return self.longest_stretch is None or drained_items(c) <= self.longest_stretch
 
     @classmethod
     def recheck(cls, space: SearchSpace, baseline: Candidate, settled: Candidate, ledger: Ledger) -> Explorer:

@@ -410,6 +410,27 @@ def worker_pids(*iterators: Any) -> set[int]:
     return pids
 
 
+def ready_batches(it: Any) -> int | None:
+    """Batches this DataLoader iterator's workers finished that the loop has not taken yet: in its
+    result queues and, for an in-order iterator, held back until their turn (NOTE [ Queue-corrected
+    windows ] in measure.py). ``None`` where the iterator keeps no such queue (no workers) or it
+    cannot be read."""
+    try:
+        if hasattr(it, "_task_info") and hasattr(it, "_data_queue"):  # torch's worker processes
+            held = sum(1 for info in list(it._task_info.values()) if len(info) == 2)
+            queued = it._data_queue.qsize()
+            pinning = getattr(it, "_pin_memory_thread", None) is not None
+            if pinning:  # the pin-memory thread moves them from the workers' queue to its own
+                queued += it._worker_result_queue.qsize()
+            return int(held + queued)
+        pool = getattr(it, "_pool", None)
+        if pool is not None and hasattr(it, "_ready"):  # thread workers (threads.py)
+            return len(it._ready) + pool.results.qsize()
+    except (NotImplementedError, AttributeError, OSError, ValueError):
+        return None  # qsize() is not implemented everywhere (macOS); a closed queue
+    return None
+
+
 def remove_orphan_segments(pids: set[int]) -> list[str]:
     """Unlink the shared-memory segments that dead workers created and never got to unlink.
 
