@@ -186,6 +186,9 @@ class Feed:
                 self._back.append(self._pull())
             except StopIteration:
                 return True
+            if self._length is not None and self._pulled > self._length:
+                # The sampler yields more than its __len__ says: its own end decides, as in torch.
+                self._length = None
         return not self._back
 
 
@@ -613,6 +616,12 @@ def _settled_failed(driver: Driver, stretch: Stretch) -> None:
     driver.loader._settle(t.baseline)
 
 
+def _more(feed: Feed | None) -> bool:
+    """Whether an epoch whose stretch ran to its end still has items (a sampler longer than its
+    ``__len__``: ``Feed.drained`` found one past it)."""
+    return feed is not None and feed.has_more()
+
+
 class SettledDriver(Driver):
     """An epoch of the settled configuration, timed for NOTE [ Settled means proven ]."""
 
@@ -624,8 +633,11 @@ class SettledDriver(Driver):
         _settled_failed(self, stretch)
 
     def next_stretch(self) -> Stretch | None:
-        if self.served is not None or self.tuning.settled is None:
+        if self.tuning.settled is None:
             return None
+        if self.served is not None:
+            # Items left past the sampler's length (it yields more than __len__ says): served too.
+            return self._stretch(self.tuning.settled, None, None) if _more(self.feed) else None
         self.served = self._stretch(self.tuning.settled, None, None)
         return self.served
 
@@ -644,7 +656,7 @@ class PlainDriver(Driver):
         self.served = False
 
     def next_stretch(self) -> Stretch | None:
-        if self.served:
+        if self.served and not _more(self.feed):
             return None
         self.served = True
         return Stretch(self.loader, self.tuning.serving(), None, self.feed, limit=None,

@@ -112,9 +112,11 @@ def _notify(event: str, loader: DataLoader) -> None:
 class DataLoader(tud.DataLoader[T_co]):
     """``torch.utils.data.DataLoader`` that tunes itself while you train (NOTE [ The drop-in's contract ]).
 
-    Takes every argument torch's DataLoader takes. ``num_workers``, ``pin_memory``,
-    ``prefetch_factor`` and ``persistent_workers`` are tuned unless you pass them (pass ``"auto"`` to
-    have a passed one tuned too); ``batch_size``, ``shuffle``, samplers, ``collate_fn``, ``drop_last``
+    Takes every argument torch's DataLoader takes. ``num_workers``, ``pin_memory`` and
+    ``prefetch_factor`` are tuned unless you pass them (pass ``"auto"`` to have a passed one tuned
+    too); workers are kept alive between epochs only where you pass ``persistent_workers`` (``True``,
+    or ``"auto"`` to have it tried), since kept workers would not see changes to the dataset;
+    ``batch_size``, ``shuffle``, samplers, ``collate_fn``, ``drop_last``
     and everything else are yours and never change. What you pass is also the baseline every
     configuration is measured against: one replaces it only when it is faster with confidence.
     autotune's own keyword arguments:
@@ -196,8 +198,11 @@ class DataLoader(tud.DataLoader[T_co]):
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         fixed = _fixed(literal if self.explicit_settings_are_fixed else {}, torch_threads)
-        if worker_init_fn is not None and fixed.persistent_workers is None:
-            # torch runs it in every new worker, every epoch: workers kept alive would skip it.
+        if "persistent_workers" not in written:
+            # NOTE [ Speed only ]: torch's workers start afresh every epoch and see the dataset as
+            # the main process left it (an attribute, a swapped transform, a tensor changed in
+            # place, a worker_init_fn run again); workers kept alive would not. Nothing proves a
+            # dataset unchanged between epochs, so they are kept alive only where the caller asks.
             fixed = replace(fixed, persistent_workers=False)
         if fixed.persistent_workers and fixed.num_workers:
             # Workers the caller keeps alive see the dataset as it was when they started, and torch
@@ -249,7 +254,9 @@ class DataLoader(tud.DataLoader[T_co]):
                         if cache and _configured is None else None),
             origin=self._origin,
             reads_in_main=self._user_workers == 0 or not self.explicit_settings_are_fixed,
-            threads_allowed=worker_init_fn is None,
+            # A worker_init_fn runs in worker processes; a dataset that sets the process's random
+            # state per sample (the plan reads its code) would race with itself on threads.
+            threads_allowed=worker_init_fn is None and plan.max_threads != 0,
         )
         if _configured is not None:
             self._tuning.settle_from_profile(None, _configured)

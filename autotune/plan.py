@@ -27,6 +27,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from . import distributed, fingerprint, preflight, profiles, shm
 from . import pretransform as pt
+from .describe import reseeds_global_rng
 from .exceptions import AutotuneWarning, ConfigurationError
 from .machine import (
     CpuSnapshot,
@@ -236,7 +237,8 @@ def make_plan(
     resolve_in_order(in_order, shuffle=shuffle)
     # The batch sizes are checked against the dataset here, not first when the space is drawn.
     resolve_batch_sizes(batch_size, n if n else None)
-    max_threads = max_workers
+    # Thread workers share the process's random state: not for a dataset that sets it per sample.
+    max_threads = 0 if reseeds_global_rng(dataset) else max_workers
     if collate_fn is None and read_samples:
         preflight.check_collates(dataset, n, batch_size)
 

@@ -911,3 +911,111 @@ def test_a_datapipe_keeps_its_own_shuffle(stream_state: str) -> None:
                                                                "generator": g})
     assert expected["epochs"][0] != list(range(30))  # shuffled
     assert_same(expected, got)
+
+
+# -- a tuned choice changes speed only (NOTE [ Speed only ] in autotune/loader.py) -----------------
+
+
+class Add:
+    """A transform that adds a constant: swapped for another between epochs by the loops below."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.value
+
+
+class WithTransform(Indexed):
+    """Sample i is ``transform(torch.full((3,), float(i)))``, with a ``transform`` attribute."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.transform: Any = Add(0.0)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        x, y = super().__getitem__(i)
+        return self.transform(x), y
+
+
+def _offsets(loader: Any) -> list[float]:
+    """Each batch's offset of its samples from their indices, in the order served."""
+    return [float(x[0, 0]) - float(i[0]) for x, i in loader]
+
+
+@pytest.mark.parametrize("written", [{}, {"num_workers": 2}], ids=["nothing-written", "workers-written"])
+def test_workers_not_kept_alive_by_the_caller_see_every_change_between_epochs(
+        state: str, written: dict[str, Any]) -> None:
+    # torch starts its workers afresh every epoch, so they see what the main process changed in
+    # between: an attribute, a swapped transform. Workers the drop-in kept alive on its own would
+    # serve the dataset as it was when they started (a settled loader did, epoch after epoch).
+    def loop(loader: Any, g: Any) -> list[list[float]]:
+        out = []
+        for epoch in range(4):
+            loader.dataset.start = epoch
+            loader.dataset.transform = Add(100.0 * epoch)
+            out.append(_offsets(loader))
+        return out
+
+    class Both(WithTransform, Mutable):
+        pass
+
+    expected, got = both(state, loop, lambda: Both(40), kwargs=lambda ds, g: {
+        "batch_size": 4, **written})
+    assert [set(e) for e in expected] == [{101.0 * k} for k in range(4)]  # each epoch saw its change
+    assert_same(expected, got)
+
+
+class LongerThanItsLength(tud.Sampler[int]):
+    """Yields every index of a dataset of ``n`` one and a half times, but says its length is ``n``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        yield from range(self.n)
+        yield from range(self.n // 2)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_a_sampler_longer_than_its_length_is_served_to_its_end(state: str) -> None:
+    # torch serves what the sampler yields, whatever its __len__ says; so does the drop-in, exploring
+    # and settled (a settled loader stopped at __len__ and dropped the rest without a word).
+    def loop(loader: Any, g: Any) -> list[list[int]]:
+        return [[int(i) for _, batch in loader for i in batch] for _ in range(3)]
+
+    expected, got = both(state, loop, lambda: Indexed(40), kwargs=lambda ds, g: {
+        "batch_size": 4, "sampler": LongerThanItsLength(40)})
+    assert all(len(e) == 60 for e in expected)
+    assert_same(expected, got)
+
+
+def test_a_dataset_that_reseeds_the_global_rng_per_sample_is_served_as_torch_serves_it(state: str) -> None:
+    # torchvision's FakeData seeds the global RNG per index and restores it: thread workers share
+    # that state and race on it (a sample of one index drawn under another's seed), so the drop-in
+    # never loads such a dataset on threads; the settled-threads state settles on processes instead.
+    import torchvision
+
+    def loop(loader: Any, g: Any) -> list[Any]:
+        return epoch_batches(loader, g, 2)
+
+    def fake() -> Any:
+        return torchvision.datasets.FakeData(size=96, image_size=(3, 8, 8),
+                                             transform=torchvision.transforms.PILToTensor())
+
+    loader = make(state, fake(), batch_size=4)
+    assert all(not c.threaded for c in _candidates_served(loader))
+    del loader
+    expected, got = both(state, loop, fake, kwargs=lambda ds, g: {"batch_size": 4, "shuffle": True,
+                                                                 "generator": g}, generator=True)
+    assert_same(expected, got)
+
+
+def _candidates_served(loader: Any) -> list[Any]:
+    """The candidates the loader serves: its settled one, or the exploring stand-in's rotation."""
+    settled_on = loader._tuning.settled
+    if settled_on is not None:
+        return [settled_on]
+    return list(loader._tuning.next_candidate.__self__.candidates)
