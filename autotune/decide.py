@@ -18,11 +18,18 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    is against it.
 # 2. The pick among the finalists is the best median score; among those within TIE_TOLERANCE of it,
 #    fewer workers, then in-order delivery, then less memory win.
-# 3. The pick replaces the baseline only when it wins with confidence: the ratio of its scores to the
-#    baseline's is tested on the logarithms of every repeated measurement, with the noise taken from
-#    the spread of the repeats themselves (the pooled variance of each candidate's measurements around
-#    its own mean: the search measures it, it is not assumed). The one-sided lower bound of the ratio
-#    at CONFIDENCE must be above 1; otherwise the baseline is kept. Without repeats there is no noise
+# 3. The pick replaces the baseline only when it wins with confidence. The evidence is paired: each
+#    measurement of the pick goes with the baseline's measurement nearest to it in time (``pairs``),
+#    so that a shared machine's drift, which moves both alike, cancels within a pair. Each pair's
+#    difference of log-scores has a variance from the batches inside its two windows (their
+#    ``log_se``, NOTE [ Evidence from batches ] in measure.py); the estimate is their weighted mean,
+#    and its variance the larger of what the batches say and what the spread between the pairs says
+#    (this one catches what a window's own batches cannot: a drift within a pair, a start that
+#    differed). From MIN_PAIRS pairs on; where the windows cannot say (too few batches), the ratio
+#    is tested on the logarithms of every repeated measurement, with the noise from the spread of
+#    the repeats themselves (the pooled variance of each candidate's measurements around its own
+#    mean). Either way the noise is measured, not assumed. The one-sided lower bound of the ratio at
+#    CONFIDENCE must be above 1; otherwise the baseline is kept. Without repeats there is no noise
 #    estimate and no confident win. The interval is reported with the speed-up: its two one-sided
 #    CONFIDENCE bounds, together a two-sided interval of 2 * CONFIDENCE - 1 (90 %).
 # 4. Finalists are the best FINALISTS by median score (an out-of-order leader with its in-order twin)
@@ -62,6 +69,13 @@ FINALISTS = 3
 
 CONFIDENCE = 0.95
 """The one-sided confidence at which a candidate must beat the baseline (NOTE [ Decisions ] 3)."""
+
+MIN_PAIRS = 2
+"""Paired measurements a verdict from batches needs at least: one pair alone cannot show a drift
+between its two windows (NOTE [ Decisions ] 3)."""
+
+BLOCK_DEGREES = 2
+"""Degrees of freedom a window's batches count for at least (measure.MIN_BLOCKS blocks, less one)."""
 
 _T95 = ((1, 6.314), (2, 2.920), (3, 2.353), (4, 2.132), (5, 2.015), (6, 1.943), (7, 1.895),
         (8, 1.860), (9, 1.833), (10, 1.812), (12, 1.782), (15, 1.753), (20, 1.725), (30, 1.697),
@@ -226,6 +240,14 @@ class Decision:
     def kept_baseline(self) -> bool:
         return self.baseline is not None and self.chosen.candidate == self.baseline.candidate
 
+    @property
+    def undecided(self) -> bool:
+        """The baseline kept while the best challenger measured ahead of it by more than a tie, but
+        not with confidence: more measuring could still show it faster (or not)."""
+        v = self.verdict
+        return (self.kept_baseline and v is not None and v.ratio > 1.0 + TIE_TOLERANCE and not v.wins
+                and v.high > 1.0)
+
 
 class Ledger:
     """Every trial of one search, and the rules that decide on them (NOTE [ Decisions ])."""
@@ -317,8 +339,48 @@ class Ledger:
                 df += len(logs) - 1
         return (ss / df if df else math.inf), df
 
+    def pairs(self, c: Candidate, baseline: Candidate) -> list[tuple[TrialRecord, TrialRecord]]:
+        """Each measurement of ``c`` with the measurement of ``baseline`` nearest to it in time (by
+        trial number), each used once (NOTE [ Decisions ] 3)."""
+        free = list(self.by_candidate.get(baseline, ()))
+        out = []
+        for rec in self.by_candidate.get(c, ()):
+            if not free:
+                break
+            near = min(free, key=lambda r: abs(r.number - rec.number))
+            free.remove(near)
+            out.append((rec, near))
+        return out
+
+    def _paired_verdict(self, c: Candidate, baseline: Candidate) -> Verdict | None:
+        """The verdict from paired windows and their batches (NOTE [ Decisions ] 3); ``None`` where
+        fewer than MIN_PAIRS pairs have both windows' standard errors."""
+        diffs: list[float] = []
+        variances: list[float] = []
+        for a, b in self.pairs(c, baseline):
+            ma, mb = a.measurement, b.measurement
+            if (not a.score or not b.score or ma is None or mb is None or ma.log_se is None
+                    or mb.log_se is None):
+                continue
+            diffs.append(math.log(a.score) - math.log(b.score))
+            variances.append(max(ma.log_se ** 2 + mb.log_se ** 2, 1e-12))
+        n = len(diffs)
+        if n < MIN_PAIRS:
+            return None
+        weights = [1.0 / v for v in variances]
+        diff = sum(w * d for w, d in zip(weights, diffs, strict=True)) / sum(weights)
+        within = 1.0 / sum(weights)
+        between = statistics.variance(diffs) / n
+        var, df = (within, 2 * BLOCK_DEGREES * n) if within >= between else (between, n - 1)
+        half = t_quantile(df) * math.sqrt(var)
+        return Verdict(math.exp(diff), math.exp(diff - half), math.exp(diff + half), CONFIDENCE, df)
+
     def verdict(self, c: Candidate, baseline: Candidate) -> Verdict | None:
         """``c`` against ``baseline`` (NOTE [ Decisions ] 3); ``None`` when either is unmeasured."""
+        if c != baseline:
+            paired = self._paired_verdict(c, baseline)
+            if paired is not None:
+                return paired
         a = [math.log(r.score) for r in self.by_candidate.get(c, ()) if r.score]
         b = [math.log(r.score) for r in self.by_candidate.get(baseline, ()) if r.score]
         if not a or not b:
@@ -346,10 +408,32 @@ class Ledger:
         if verdict.wins:
             return Decision(challenger, base, challenger, verdict,
                             f"{challenger.candidate.label()} beats the baseline: {verdict.describe()}")
-        return Decision(base, base, challenger, verdict,
+        kept = Decision(base, base, challenger, verdict,
                         f"kept the baseline: the best other configuration, {challenger.candidate.label()},"
                         f" measured {verdict.describe()}, not a win at {verdict.confidence:.0%}"
                         " confidence")
+        more = self.rounds_to_decide(challenger.candidate, baseline, verdict) if kept.undecided else None
+        if more is None:
+            return kept
+        rounds, seconds = more
+        took = f" (~{seconds:.0f} s)" if seconds >= 1 else ""
+        return replace(kept, reason=(
+            f"{kept.reason}: undecided; about {rounds} more round{'s' if rounds != 1 else ''} of the"
+            f" two side by side{took} would decide it if that ratio holds"))
+
+    def rounds_to_decide(self, c: Candidate, baseline: Candidate,
+                         verdict: Verdict) -> tuple[int, float] | None:
+        """(rounds, seconds) more of ``c`` and ``baseline`` side by side after which ``verdict``'s
+        ratio, if it held, would be a win: its interval narrows as the square root of the rounds.
+        ``None`` where it measured no better than the baseline, or has no interval to narrow."""
+        if verdict.ratio <= 1.0 or verdict.wins or verdict.low <= 0.0 or not math.isfinite(verdict.high):
+            return None
+        n = max(1, min(self.measured(c), self.measured(baseline)))
+        needed = n * (math.log(verdict.ratio / verdict.low) / math.log(verdict.ratio)) ** 2
+        rounds = max(1, math.ceil(needed - n))
+        per_round = sum(statistics.median(r.duration_s for r in self.by_candidate[x])
+                        for x in (c, baseline))
+        return rounds, rounds * per_round
 
     def failure(self, budget_s: float | None = None) -> BaseException:
         """The error to raise when nothing completed: the user's own, else a summary."""

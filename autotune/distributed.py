@@ -141,6 +141,7 @@ def reduce_measurements(ms: list[Measurement]) -> Measurement:
         peak_memory_bytes=sum(m.peak_memory_bytes for m in ms),
         build_s=max(m.build_s for m in ms),
         cache_bytes=max(m.cache_bytes for m in ms),
+        log_se=slowest.log_se,
     )
 
 

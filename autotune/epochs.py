@@ -97,7 +97,14 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data as tud
 
 from .decide import Phase, describe_error
-from .measure import WARMUP_BATCHES, Measurement, batch_length, produced, quiet_worker_warning
+from .measure import (
+    WARMUP_BATCHES,
+    Measurement,
+    batch_length,
+    produced,
+    quiet_worker_warning,
+    window_log_se,
+)
 from .online import STRETCH_MIN_BATCHES, STRETCH_WINDOW_S, Outcome, drained_span
 from .space import Candidate
 from .supervise import (
@@ -337,6 +344,8 @@ class Timeline:
             window_s=wall,
             peak_memory_bytes=process_memory(children=workers),
             build_s=build_s,
+            log_se=window_log_se(self.received[k], self.received[k + 1:stop + 1],
+                                 self.counts[k + 1:stop + 1], self.workers),
         )
 
 

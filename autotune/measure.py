@@ -30,12 +30,22 @@
 # ``supervise.ready_batches``), each worth the window's mean batch. A queue that drained lowers the
 # rate, one that filled raises it; a queue held full (the step is the limit) changes nothing. Where
 # the queue cannot be read (no workers: nothing is made ahead), the count is the loop's.
+#
+# NOTE [ Evidence from batches ]
+# A window is one number for its rate, but it holds many batches, and their spread says how well
+# that number is known: the window's batches are split into up to BLOCKS consecutive blocks of at
+# least a round of the workers each (a round arrives as a burst, so a block of a single batch would
+# read the burst, not the rate), and the standard error of the window's log-rate is the spread of
+# the blocks' log-rates over the square root of their number (``Measurement.log_se``). Two windows
+# measured side by side then compare with the evidence of every batch in them (``Ledger.verdict``,
+# NOTE [ Decisions ] 3 in decide.py), not only the spread between repeated windows.
 """
 
 
 from __future__ import annotations
 
 import contextlib
+import math
 import pickle
 import statistics
 import time
@@ -104,6 +114,9 @@ class Measurement(_Window):
     peak_memory_bytes: int
     build_s: float = 0.0
     cache_bytes: int = 0
+    log_se: float | None = None
+    """The standard error of ``log(samples_per_s)`` read from the window's own batches (NOTE
+    [ Evidence from batches ]); ``None``: too few batches to say."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,6 +143,36 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device, non_blocking) for v in batch)
     return batch
+
+
+BLOCKS = 8
+"""Blocks a window's batches are split into at most, for its standard error (NOTE [ Evidence from
+batches ])."""
+
+MIN_BLOCKS = 3
+"""Blocks a window needs at least for a standard error: two would give one degree of freedom."""
+
+
+def window_log_se(opened: float, arrivals: list[float], counts: list[int], workers: int) -> float | None:
+    """The standard error of a window's log-rate from the rates of its blocks (NOTE [ Evidence from
+    batches ]): ``opened`` is when the window opened, ``arrivals`` and ``counts`` each batch's time
+    and samples after it; a block holds at least a batch per worker, a whole round of them."""
+    n = len(arrivals)
+    per_block = max(2, workers)
+    blocks = min(BLOCKS, n // per_block)
+    if blocks < MIN_BLOCKS:
+        return None
+    logs = []
+    start, begin = 0, opened
+    for j in range(1, blocks + 1):
+        stop = round(j * n / blocks)
+        wall = arrivals[stop - 1] - begin
+        samples = sum(counts[start:stop])
+        if wall <= 0 or samples <= 0:
+            return None
+        logs.append(math.log(samples / wall))
+        start, begin = stop, arrivals[stop - 1]
+    return statistics.stdev(logs) / math.sqrt(blocks)
 
 
 def produced(samples: int, batches: int, ready_at_start: int | None, ready_at_end: int | None) -> int:
@@ -440,7 +483,7 @@ def measure(
                     seed=seed, batch_timeout_s=limits.batch_timeout_s, prepared=prepared,
                 )
                 epochs = _Epochs(built, candidate)
-                window = _run(epochs, step, device, limits, watchdog, progress)
+                log_se, window = _run(epochs, step, device, limits, watchdog, progress)
             finally:
                 loader = epochs.loader if epochs is not None else None
                 iterators = (epochs.iterator if epochs is not None else None,
@@ -472,6 +515,7 @@ def measure(
         peak_memory_bytes=watchdog.peak_memory,
         build_s=prepared.build_s,
         cache_bytes=prepared.nbytes,
+        log_se=log_se,
     )
 
 
@@ -482,7 +526,8 @@ def _run(
     limits: MeasureLimits,
     watchdog: Watchdog,
     progress: ProgressFn | None,
-) -> _Window:
+) -> tuple[float | None, _Window]:
+    """(the window's log-rate standard error, the window) of one trial."""
     candidate = epochs.candidate
     cuda = device.type == "cuda"
     non_blocking = candidate.pin_memory and cuda
@@ -519,6 +564,8 @@ def _run(
 
     waits: list[float] = []
     steps: list[float] = []
+    arrivals: list[float] = []
+    counts: list[int] = []
     samples = 0
     opened_on = epochs.iterator
     ready_at_start = ready_batches(opened_on)
@@ -529,7 +576,9 @@ def _run(
         batch = epochs.next()
         ts = time.perf_counter()
         waits.append(ts - tw)
-        samples += batch_length(batch, candidate.batch_size)
+        arrivals.append(ts)
+        counts.append(batch_length(batch, candidate.batch_size))
+        samples += counts[-1]
         if cuda:
             start_ev = torch.cuda.Event(enable_timing=True)
             end_ev = torch.cuda.Event(enable_timing=True)
@@ -558,8 +607,10 @@ def _run(
     # An epoch that ended inside the window took its queue with it: its count is the loop's.
     ready_at_end = ready_batches(epochs.iterator) if epochs.iterator is opened_on else None
     step_total = sum(steps)
-    return _Window(
-        samples_per_s=produced(samples, len(waits), ready_at_start, ready_at_end) / wall,
+    log_se = window_log_se(window_start, arrivals, counts, candidate.num_workers)
+    samples = produced(samples, len(waits), ready_at_start, ready_at_end)
+    return log_se, _Window(
+        samples_per_s=samples / wall,
         busy=min(1.0, step_total / wall),
         wait_fraction=min(1.0, sum(waits) / wall),
         step_ms=statistics.median(steps) * 1000.0,

@@ -196,6 +196,8 @@ def summary(result: TuneResult) -> dict[str, Any]:
         "speedup_high": result.speedup_high,
         "confidence": result.confidence,
         "kept_baseline": result.kept_baseline,
+        "challenger": result.challenger,
+        "undecided": result.undecided,
         "decision": result.decision,
         "load_average": result.load_average,
         "spread": result.spread,

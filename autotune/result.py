@@ -59,6 +59,11 @@ class TuneResult:
     speedup_high: float | None = None
     confidence: float | None = None
     throughput_speedup: float | None = None
+    challenger: str | None = None
+    """Where the baseline was kept: what the best other configuration measured against it."""
+    undecided: bool = False
+    """Whether the baseline was kept undecided: the challenger led it, not yet with confidence
+    (``decision`` says how much more measuring would decide)."""
     baseline_kwargs: dict[str, Any] | None = None
     baseline_samples_per_s: float | None = None
     baseline_busy: float | None = None
@@ -137,6 +142,11 @@ class TuneResult:
         """``1.42x (90% interval 1.31-1.55x)``, or ``None`` without a baseline."""
         if self.speedup is None:
             return None
+        if self.kept_baseline and self.challenger is not None:
+            verdict = "undecided" if self.undecided else "not faster"
+            return f"{self.speedup:.2f}x, your settings kept ({verdict}: {self.challenger})"
+        if self.kept_baseline:
+            return f"{self.speedup:.2f}x, your settings kept (no other configuration was measured)"
         if self.speedup_low is None or self.speedup_high is None or not math.isfinite(self.speedup_high):
             return f"{self.speedup:.2f}x (no interval: too few repeated measurements)"
         return (f"{self.speedup:.2f}x ({interval_label(self.confidence or 0.95)}"
@@ -205,6 +215,10 @@ def from_decision(decision: Decision, trials: Sequence[TrialRecord], **context: 
         confidence=conf,
         throughput_speedup=(chosen.samples_per_s / base.samples_per_s
                             if base is not None and base.samples_per_s else None),
+        challenger=(f"{decision.challenger.candidate.label()} measured {verdict.describe()}"
+                    if decision.kept_baseline and decision.challenger is not None and verdict is not None
+                    else None),
+        undecided=decision.undecided,
         baseline_kwargs=base.candidate.loader_kwargs() if base is not None else None,
         baseline_samples_per_s=base.samples_per_s if base is not None else None,
         baseline_busy=base.busy if base is not None else None,

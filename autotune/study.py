@@ -18,6 +18,10 @@
 #    rounds (decide.Ledger.finalists): at least MIN_FINAL_ROUNDS, and more, up to MAX_FINAL_ROUNDS,
 #    while a round still changes the pick or the pick's verdict against the baseline is undecided.
 #    The decision is decide.Ledger.decide (NOTE [ Decisions ] in decide.py), the one the drop-in uses.
+# 4. Confirming: while the pick leads the baseline without a decided verdict, the two are measured
+#    side by side again, in alternating order, with all that is left of the budget (the search's
+#    early stop leaves some), until the verdict is decided or the budget is spent. An end that is
+#    still undecided says so, with what was measured and how many more rounds would decide it.
 """
 
 from __future__ import annotations
@@ -64,6 +68,10 @@ MAX_FINAL_ROUNDS = 5
 
 MIN_FINAL_ROUNDS = 2
 """Re-measurement rounds the finalists get whenever the budget leaves room for them."""
+
+MAX_CONFIRM_ROUNDS = 20
+"""Rounds of the undecided leader against the baseline at most (NOTE [ Search ] 4): past them a
+verdict narrows too slowly to be worth the wait, however much budget is left."""
 
 PATIENCE = 10
 """Searched candidates in a row without a better score (by TIE_TOLERANCE) after which the search
@@ -448,7 +456,23 @@ def _finals(runner: _Runner, space: SearchSpace, settings: SearchSettings) -> De
                          and not decision.verdict.loses)
             if r + 1 >= MIN_FINAL_ROUNDS and settled and not undecided:
                 break  # the pick held and its verdict is clear: more rounds would not change it
+        _confirm(runner, finalists, cost)
     return ledger.decide(finalists, baseline)
+
+
+def _confirm(runner: _Runner, finalists: list[Candidate], cost: dict[Candidate, float]) -> None:
+    """NOTE [ Search ] 4: while the pick leads the baseline undecided, measure the two side by side,
+    in alternating order, with whatever is left of the budget, until the verdict is decided."""
+    ledger, baseline = runner.ledger, runner.baseline
+    for turn in range(MAX_CONFIRM_ROUNDS):
+        decision = ledger.decide(finalists, baseline)
+        if not decision.undecided or decision.challenger is None:
+            return
+        pair = [decision.challenger.candidate, baseline][::1 if turn % 2 == 0 else -1]
+        if runner.left() < sum(cost.get(c, 0.0) for c in pair):
+            return  # out of budget: the decision says what it saw and what would decide it
+        for c in pair:
+            runner.run(c, "final")
 
 
 STORAGE_ATTEMPTS = 5

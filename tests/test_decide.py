@@ -100,3 +100,49 @@ def test_nothing_measured_is_a_failure_naming_the_reasons() -> None:
 def test_the_t_quantiles_are_the_tables(df: int, q: float) -> None:
     assert t_quantile(df) == pytest.approx(q)
     assert math.isinf(t_quantile(0))
+
+
+def _paired(rounds: list[tuple[float, float]], log_se: float | None) -> Ledger:
+    """Rounds of (the challenger's, the baseline's) rate measured side by side, in that order, each
+    window with ``log_se`` read from its batches."""
+    led = Ledger(dataset_len=None, epochs=1)
+    for fast, base in rounds:
+        for c, v in ((FAST, fast), (BASE, base)):
+            led.record(c, "final", "complete", m=Measurement(
+                samples_per_s=v, busy=0.5, wait_fraction=0.5, step_ms=1.0, wait_ms=1.0, startup_s=0.0,
+                batches=10, samples=320, window_s=1.0, peak_memory_bytes=0, log_se=log_se))
+    return led
+
+
+# The machine halves its speed between rounds (another job starts): both configurations slow alike.
+DRIFTING = [(130.0, 100.0), (66.0, 50.0), (131.0, 101.0)]
+
+
+def test_paired_windows_cancel_a_drift_that_hides_a_win_from_the_repeats_alone() -> None:
+    # Without the batches' evidence the repeats' spread holds the drift: no confident win.
+    unpaired = _paired(DRIFTING, log_se=None).verdict(FAST, BASE)
+    assert unpaired is not None and not unpaired.wins
+    # Paired, the drift cancels within each round: 1.3x, with an interval that excludes 1.
+    paired = _paired(DRIFTING, log_se=0.02).verdict(FAST, BASE)
+    assert paired is not None and paired.wins and 1.25 < paired.ratio < 1.35
+    assert paired.low > 1.2 and paired.high < 1.4
+
+
+def test_pairs_that_disagree_more_than_their_batches_say_are_judged_by_their_spread() -> None:
+    # Each window's batches say 1 %, but the pairs read 1.5x, 0.8x and 1.2x: the spread between
+    # the pairs decides, and it is far too wide for a win.
+    v = _paired([(150.0, 100.0), (80.0, 100.0), (120.0, 100.0)], log_se=0.01).verdict(FAST, BASE)
+    assert v is not None and not v.wins and v.low < 1.0 < v.high
+    assert v.degrees_of_freedom == 2
+
+
+def test_nothing_to_win_is_not_a_win_from_the_batches_either() -> None:
+    v = _paired([(101.0, 100.0), (99.0, 100.0), (100.5, 100.0)], log_se=0.02).verdict(FAST, BASE)
+    assert v is not None and not v.wins and not v.loses and 0.97 < v.ratio < 1.03
+
+
+def test_one_pair_is_not_enough_for_a_verdict_from_batches() -> None:
+    # A single pair cannot show a drift between its two windows: the repeats' rule applies.
+    led = _paired([(130.0, 100.0)], log_se=0.001)
+    v = led.verdict(FAST, BASE)
+    assert v is not None and v.degrees_of_freedom == 0 and not v.wins

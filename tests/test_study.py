@@ -116,3 +116,37 @@ def test_the_search_starts_from_the_estimated_worker_count() -> None:
     starts = warm_starts(space, 2, baseline)
     assert [(c.num_workers, c.worker_kind) for c in starts[:2]] == [(3, "process"), (3, "thread")]
     assert all(space.check(c) is None for c in starts)
+
+
+def test_an_undecided_leader_is_measured_against_the_baseline_until_decided() -> None:
+    # One worker reads 150 and 100 by turns against the baseline's 100, 60 and 150: after the
+    # finals' rounds its interval still holds 1, so the two are measured again side by side with the
+    # budget the early stop left, until the verdict is decided.
+    space = SearchSpace(batch_sizes=(8,), max_workers=1, prefetch_factors=(2,), baseline_batch_size=8)
+    settings = SearchSettings(budget_s=60, epochs=1, dataset_len=None, device=torch.device("cpu"),
+                              usable_cpus=2)
+    outcome = run_search(None, None, space, settings, evaluate=_stand_in({0: [100.0, 60.0, 150.0],
+                                                                        1: [150.0, 100.0]}))
+    finals = Counter(r.candidate.num_workers for r in outcome.trials if r.phase == "final")
+    assert finals[1] > MAX_FINAL_ROUNDS  # past the finals' rounds: confirming
+    assert outcome.decision.verdict is not None and outcome.decision.verdict.wins
+    assert outcome.best.candidate.num_workers == 1
+
+
+def test_a_leader_still_undecided_when_the_budget_ends_says_so() -> None:
+    # A budget too short to decide: the baseline is kept, and the result says it is undecided, with
+    # what was measured, never a bare 1.00x.
+    from autotune.result import from_decision
+
+    space = SearchSpace(batch_sizes=(8,), max_workers=1, prefetch_factors=(2,), baseline_batch_size=8)
+    settings = SearchSettings(budget_s=60, epochs=1, dataset_len=None, device=torch.device("cpu"),
+                              usable_cpus=2)
+    # 400 and 30 by turns against 100, 60 and 150: 1.1x with a spread no confirming round can narrow
+    # enough (MAX_CONFIRM_ROUNDS).
+    outcome = run_search(None, None, space, settings, evaluate=_stand_in({0: [100.0, 60.0, 150.0],
+                                                                        1: [400.0, 30.0]}))
+    d = outcome.decision
+    assert d.kept_baseline and d.undecided
+    assert "undecided" in d.reason and "more round" in d.reason
+    text = from_decision(d, outcome.trials).speedup_text()
+    assert text is not None and text.startswith("1.00x, your settings kept (undecided: bs=8 w=1")
