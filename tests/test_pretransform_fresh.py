@@ -318,3 +318,57 @@ def test_an_attribute_named_like_a_global_is_not_a_read_of_the_global() -> None:
     reason = pt.strategies(ReadsTheGlobal(), cuda=False)["ram"]
     assert reason is not None, "an opaque global the code reads must refuse the cache"
     assert reason.startswith("dataset[i] reads test_pretransform_fresh.digest, a HASH"), reason
+
+
+class ReadsFiles(Dataset[torch.Tensor]):
+    """Sample i is the number in ``root/{i}.txt`` through a deterministic transform; with
+    ``listed``, the dataset keeps the list of its paths, as ImageFolder keeps ``samples``."""
+
+    def __init__(self, root: Path, n: int, listed: bool) -> None:
+        self.root = str(root)
+        self.n = n
+        if listed:
+            self.paths = [str(root / f"{i}.txt") for i in range(n)]
+        self.transform = T.Lambda(lambda x: x * 2)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        path = self.paths[i] if hasattr(self, "paths") else f"{self.root}/{i}.txt"
+        with open(path) as f:
+            x = torch.tensor([float(f.read())])
+        return self.transform(x) if self.transform is not None else x
+
+
+def _write_values(root: Path, n: int, value: float) -> None:
+    import os
+    import time
+
+    for i in range(n):
+        (root / f"{i}.txt").write_text(str(value + i))
+    later = time.time_ns() + 1_000_000_000  # a rewrite always shows in the modification time
+    for i in range(n):
+        os.utime(root / f"{i}.txt", ns=(later, later))
+
+
+def test_files_a_dataset_reads_without_listing_them_keep_it_uncached(tmp_path: Path) -> None:
+    # The files are found by what the probes open: a path made from the index cannot be checked at
+    # each epoch, so a rewritten file would be served stale. Such a dataset is not cached.
+    _write_values(tmp_path, 24, 1.0)
+    reason = pt.strategies(ReadsFiles(tmp_path, 24, listed=False), cuda=False)["ram"]
+    assert reason is not None and "read files it does not list" in reason and "0.txt" in reason
+
+
+def test_a_listed_file_rewritten_between_epochs_makes_the_cache_stale(tmp_path: Path) -> None:
+    _write_values(tmp_path, 24, 1.0)
+    ds = ReadsFiles(tmp_path, 24, listed=True)
+    prepared = pt.prepare(ds, "ram", device=CPU)
+    assert prepared.stale_reason() is None
+    _write_values(tmp_path, 24, 100.0)
+    found = prepared.stale_reason()
+    assert found is not None and "files" in found
+    with pytest.warns(StaleCacheWarning):
+        rebuilt = pt.prepare(ds, "ram", device=CPU)
+    assert torch.equal(torch.cat([rebuilt.dataset[i] for i in range(24)]),
+                       torch.tensor([2.0 * (100.0 + i) for i in range(24)]))

@@ -21,6 +21,10 @@
 #    on it (``cfg.SCALE``); a function for its code, closure, defaults and the globals it names.
 #    Code and classes of LIBRARIES (torch, torchvision, ...) are taken as fixed.
 # 4. The raw data's files (size and modification time, STAT_FILES at most), a table's fingerprint.
+#    The files are those the dataset lists (an ImageFolder's ``samples``, a list of paths among its
+#    attributes). The probes' reads record every file they open (``opened_files``, from Python's
+#    ``open`` audit events): a dataset whose samples read a file it does not list (a path made from
+#    the index) is not cached, since a file rewritten between epochs could not be seen.
 # ``Snapshot`` makes a value comparable: numbers, strings and small tensors or arrays by value; large
 # ones by identity, shape, dtype, in-place version (tensors) and SAMPLE_ITEMS evenly spread elements;
 # containers item by item (LIST_ITEMS at most); other objects by their attributes, MAX_DEPTH deep.
@@ -43,6 +47,7 @@ import io
 import logging
 import os
 import reprlib
+import sys
 import threading
 import types
 from collections.abc import Iterable, Sequence
@@ -525,6 +530,88 @@ def opaque_reason(parts: Sequence[Part], what: str) -> str | None:
                 " a change to it could not be seen, so it is not cached"
             )
     return None
+
+
+_recording = threading.local()
+_hooked = False
+_hook_lock = threading.Lock()
+
+
+def _on_audit(event: str, args: tuple[Any, ...]) -> None:
+    if event != "open":
+        return
+    paths = getattr(_recording, "paths", None)
+    if paths is None or not args:
+        return
+    path = args[0]
+    if isinstance(path, (str, bytes, os.PathLike)):
+        paths.append(os.fsdecode(path))
+
+
+def _library_file(path: str) -> bool:
+    """Python's own files (an import while reading), and devices and kernel files."""
+    if path.endswith((".py", ".pyc", ".so", ".pth")) or path.startswith(("/proc/", "/sys/", "/dev/")):
+        return True
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return any(root and path.startswith(root + os.sep) for root in roots)
+
+
+class opened_files:
+    """A context in which the files this thread opens are recorded (``paths``): Python's ``open``
+    audit events, which ``open``, ``io.open`` and PIL's and NumPy's file reads raise. The hook is
+    added once per process (one cannot be removed) and does nothing outside such a context."""
+
+    def __enter__(self) -> opened_files:
+        global _hooked
+        with _hook_lock:
+            if not _hooked:
+                sys.addaudithook(_on_audit)
+                _hooked = True
+        self._outer = getattr(_recording, "paths", None)
+        self._paths: list[str] = []
+        _recording.paths = self._paths
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _recording.paths = self._outer
+        if self._outer is not None:
+            self._outer.extend(self._paths)
+
+    @property
+    def paths(self) -> list[str]:
+        """The regular files opened, absolute, in order, each once (Python's own left out)."""
+        out: dict[str, None] = {}
+        for p in self._paths:
+            full = os.path.abspath(p)
+            if not _library_file(full) and os.path.isfile(full):
+                out[full] = None
+        return list(out)
+
+
+def listed_paths(dataset: Any) -> list[str]:
+    """The files ``dataset`` lists: an ImageFolder's ``samples`` (path, target) pairs, or among its
+    attributes a path, or a list or tuple of paths (strings or ``os.PathLike`` naming files)."""
+    samples = getattr(dataset, "samples", None)
+    if isinstance(samples, list) and samples and isinstance(samples[0], tuple):
+        paths = [s[0] for s in samples if isinstance(s[0], str)]
+        if paths:
+            return paths
+    out: list[str] = []
+    for value in _attributes(dataset).values():
+        if _names_a_file(value):
+            out.append(os.fspath(value))
+        elif isinstance(value, (list, tuple)) and value and _names_a_file(value[0]):
+            out += [os.fspath(v) for v in value if isinstance(v, (str, os.PathLike))]
+    return out
+
+
+def _names_a_file(value: Any) -> bool:
+    if not isinstance(value, (str, os.PathLike)):
+        return False
+    try:
+        return os.path.isfile(os.fspath(value))
+    except (ValueError, OSError, TypeError):  # a NUL in a string, a path too long
+        return False
 
 
 def file_stats(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:

@@ -15,11 +15,12 @@ the files behind a folder, a table's own fingerprint.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .fresh import Part, file_stats, value_part
+from .fresh import Part, file_stats, listed_paths, value_part
 
 MIN_DECODE_S = 50e-6
 """A raw read faster than this per sample (an in-memory array made an image) is not worth caching."""
@@ -70,15 +71,28 @@ def vision_source(dataset: Any) -> Source | None:
 
 
 def file_parts(dataset: Any) -> list[Part]:
-    """The files a dataset reads (an ImageFolder's ``samples``), each by its size and modification
-    time; a message names the one changed."""
-    samples = getattr(dataset, "samples", None)
-    if isinstance(samples, list) and samples and isinstance(samples[0], tuple):
-        paths = [s[0] for s in samples if isinstance(s[0], str)]
-        if paths:
-            stats = file_stats(paths)
-            return [Part("the files", tuple((path, (size, mtime), "") for path, size, mtime in stats))]
-    return []
+    """The files a dataset lists (``fresh.listed_paths``), each by its size and modification time; a
+    message names the one changed."""
+    paths = listed_paths(dataset)
+    if not paths:
+        return []
+    stats = file_stats(paths)
+    return [Part("the files", tuple((path, (size, mtime), "") for path, size, mtime in stats))]
+
+
+def unlisted_reads(dataset: Any, opened: list[str]) -> str | None:
+    """Why ``dataset`` cannot be cached when reading its probes opened the files ``opened`` (NOTE
+    [ Fresh caches ] 4): one it does not list; ``None`` where it lists every one."""
+    if not opened:
+        return None
+    listed = {os.path.abspath(p) for p in listed_paths(dataset)}
+    unlisted = [p for p in opened if p not in listed]
+    if not unlisted:
+        return None
+    more = f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else ""
+    return (f"its samples read files it does not list ({unlisted[0]}{more}): a file rewritten between"
+            " epochs could not be seen, so nothing is cached (list the paths in an attribute, as"
+            " ImageFolder's samples do, to have them checked)")
 
 
 # ---------------------------------------------------------------------------- Hugging Face tables

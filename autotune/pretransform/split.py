@@ -21,7 +21,16 @@ from torch.utils.data import Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from . import sources
-from .fresh import Part, dataset_parts, difference, identity_part, opaque_reason, step_parts, value_part
+from .fresh import (
+    Part,
+    dataset_parts,
+    difference,
+    identity_part,
+    opaque_reason,
+    opened_files,
+    step_parts,
+    value_part,
+)
 from .steps import (
     DETERMINISTIC,
     PER_PIXEL,
@@ -368,7 +377,18 @@ def _layout_reason(plan: CachePlan) -> str | None:
 
 
 def make_cache_plan(dataset: Any) -> CachePlan:
-    """Decide how ``dataset`` can be cached (see NOTE [ Pre-transform split ])."""
+    """Decide how ``dataset`` can be cached (see NOTE [ Pre-transform split ]); a dataset whose
+    samples read files it does not list is not (NOTE [ Fresh caches ] 4)."""
+    with opened_files() as opened:
+        plan = _make_cache_plan(dataset)
+    # A table is fingerprinted whole (its own fingerprint), whatever files it reads.
+    if (plan.reason is None and plan.table is None
+            and (reason := sources.unlisted_reads(dataset, opened.paths)) is not None):
+        return CachePlan(reason)
+    return plan
+
+
+def _make_cache_plan(dataset: Any) -> CachePlan:
     if isinstance(dataset, IterableDataset):
         return CachePlan("IterableDataset: an unbounded stream is never pre-cached")
     try:
