@@ -19,6 +19,15 @@
 # How it tunes: NOTE [ Epochs and stretches ] (epochs.py), NOTE [ Online search ] (online.py), NOTE
 # [ Decisions ] (decide.py) and NOTE [ Settled means proven ] (tuning.py).
 #
+# NOTE [ Untuned ]
+# Torch's constructor runs first, with the arguments as written: what it refuses is refused with its
+# own error. Then autotune's own arguments are checked (a mistake there is raised at once). What
+# torch accepts but the tuner cannot plan for (an empty dataset, a map-style dataset without
+# ``__len__`` given a sampler, a worker count torch only refuses when it iterates, a ``__len__`` that
+# raises) makes an untuned loader: ``loader.untuned`` says why, ``loader.tuning`` is ``None``, and
+# every epoch is torch's own iterator, so torch's leniencies and torch's errors, where and when torch
+# raises them, are the user's, unchanged.
+#
 # NOTE [ Exploring under torchrun ]
 # Every rank has its own drop-in over its DistributedSampler shard, and their workers share the node's
 # CPUs, so the ranks explore together (as tune_loader tunes cooperatively, NOTE [ Cooperative tuning ]
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -45,6 +55,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
+from . import preflight
 from .describe import dataset_length
 from .epochs import (
     Driver,
@@ -64,6 +75,8 @@ from .space import Candidate
 from .tuning import Fixed, Tuning
 
 T_co = TypeVar("T_co", covariant=True)
+
+log = logging.getLogger("autotune")
 
 AUTO = "auto"
 """Pass this for a setting to have it tuned even where passing nothing would not."""
@@ -182,7 +195,7 @@ class DataLoader(tud.DataLoader[T_co]):
         self.script_settings = dict(written)
         """The tunable settings as the caller wrote them (``autotune run`` reports them)."""
         for name, value in written.items():
-            if isinstance(value, str) and value != AUTO:
+            if isinstance(value, str) and value != AUTO and name in ("num_workers", "prefetch_factor"):
                 raise ConfigurationError(
                     f"{name}={value!r} is not a setting; pass a value, or {AUTO!r} to have it tuned.")
         literal: dict[str, Any] = {k: v for k, v in written.items() if v != AUTO}
@@ -192,27 +205,17 @@ class DataLoader(tud.DataLoader[T_co]):
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler,
             literal.get("num_workers", 1 if workers_needed and written.get("num_workers") == AUTO else 0),
-            collate_fn, bool(literal.get("pin_memory", False)), drop_last, timeout, worker_init_fn,
+            collate_fn, literal.get("pin_memory", False), drop_last, timeout, worker_init_fn,
             multiprocessing_context, generator, prefetch_factor=literal.get("prefetch_factor"),
-            persistent_workers=bool(literal.get("persistent_workers", False)),
+            persistent_workers=literal.get("persistent_workers", False),
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
-        fixed = _fixed(literal if self.explicit_settings_are_fixed else {}, torch_threads)
-        if "persistent_workers" not in written:
-            # NOTE [ Speed only ]: torch's workers start afresh every epoch and see the dataset as
-            # the main process left it (an attribute, a swapped transform, a tensor changed in
-            # place, a worker_init_fn run again); workers kept alive would not. Nothing proves a
-            # dataset unchanged between epochs, so they are kept alive only where the caller asks.
-            fixed = replace(fixed, persistent_workers=False)
-        if fixed.persistent_workers and fixed.num_workers:
-            # Workers the caller keeps alive see the dataset as it was when they started, and torch
-            # never restarts them: what would need new workers is not searched.
-            fixed = replace(fixed, pin_memory=bool(literal.get("pin_memory", False)),
-                            prefetch_factor=literal.get("prefetch_factor") or 2)
-            pretransform = "none"
-        if _configured is not None:
-            fixed = replace(fixed, torch_threads=_configured.torch_threads,
-                            leave_threads=_configured.torch_threads is None)
+        # As torch reads them: a worker count of True is one worker, a setting is its truth value.
+        for name in ("pin_memory", "persistent_workers"):
+            if name in literal:
+                literal[name] = bool(literal[name])
+        if isinstance(literal.get("num_workers"), bool):
+            literal["num_workers"] = int(literal["num_workers"])
         self._origin = _origin()
         self._held = Held()
         self._epoch_iterator: weakref.ref[EpochIterator] | None = None
@@ -230,9 +233,64 @@ class DataLoader(tud.DataLoader[T_co]):
         # base seed per new iterator, one iterator reset with persistent workers); a loader built
         # from a result (``configured``) shows the tuned settings but iterates as its caller wrote.
         written_by_user = literal if _written is None else _written
-        self._user_workers = int(written_by_user.get("num_workers", 0) or 0)
+        self._user_workers = _workers(written_by_user.get("num_workers", 0))
         self._user_prefetch = int(written_by_user.get("prefetch_factor") or 2)
         self._user_persistent = bool(written_by_user.get("persistent_workers")) and self._user_workers > 0
+        # autotune's own arguments: a mistake in them is the caller's to see, at once.
+        _check_own(torch_threads=torch_threads, pretransform=pretransform, epochs=epochs, device=device,
+                   batch_timeout_s=batch_timeout_s)
+        self.untuned: str | None = None
+        """Why this loader serves exactly as torch's does and tunes nothing (NOTE [ Untuned ]), or
+        ``None``."""
+        try:
+            self._tuning: Tuning = self._make_tuning(
+                dataset, literal, written, torch_threads, batch_size=batch_size, shuffle=shuffle,
+                sampler=sampler, collate_fn=collate_fn, worker_init_fn=worker_init_fn,
+                multiprocessing_context=multiprocessing_context, pretransform=pretransform,
+                device=device, epochs=epochs, cache=cache, cache_dir=cache_dir, storage=storage,
+                batch_timeout_s=batch_timeout_s, configured=_configured)
+        except Exception as err:  # noqa: BLE001 - NOTE [ Untuned ]: torch's iteration raises its own
+            self.untuned = f"{type(err).__name__}: {err}"
+            log.debug("autotune: the loader at %s is served as torch serves it, untuned: %s",
+                      self._origin, self.untuned)
+        else:
+            if _configured is not None:
+                self._tuning.settle_from_profile(None, _configured)
+                self._settle(_configured)
+            elif not retune:
+                hit = self._tuning.lookup()
+                if hit is not None:
+                    self._tuning.settle_from_profile(hit, hit.candidate)
+                    self._settle(hit.candidate)
+        # Collected without close(): the workers still go and the thread count is still put back.
+        weakref.finalize(self, self._held.release)
+        _notify("built", self)
+
+    def _make_tuning(self, dataset: Any, literal: dict[str, Any], written: dict[str, Any],
+                     torch_threads: int | str | None, *, batch_size: int | None, shuffle: bool | None,
+                     sampler: Any, collate_fn: Any, worker_init_fn: Any, multiprocessing_context: Any,
+                     pretransform: str | Sequence[str], device: Any, epochs: int | None, cache: bool,
+                     cache_dir: str | None, storage: str | None, batch_timeout_s: float | None,
+                     configured: Candidate | None) -> Tuning:
+        """The loader's tuning state: its settings checked, its plan made, its baseline."""
+        if dataset_length(dataset) == 0:
+            raise ConfigurationError("the dataset is empty: there is nothing to measure")
+        fixed = _fixed(literal if self.explicit_settings_are_fixed else {}, torch_threads)
+        if "persistent_workers" not in written:
+            # NOTE [ Speed only ]: torch's workers start afresh every epoch and see the dataset as
+            # the main process left it (an attribute, a swapped transform, a tensor changed in
+            # place, a worker_init_fn run again); workers kept alive would not. Nothing proves a
+            # dataset unchanged between epochs, so they are kept alive only where the caller asks.
+            fixed = replace(fixed, persistent_workers=False)
+        if fixed.persistent_workers and fixed.num_workers:
+            # Workers the caller keeps alive see the dataset as it was when they started, and torch
+            # never restarts them: what would need new workers is not searched.
+            fixed = replace(fixed, pin_memory=bool(literal.get("pin_memory", False)),
+                            prefetch_factor=literal.get("prefetch_factor") or 2)
+            pretransform = "none"
+        if configured is not None:
+            fixed = replace(fixed, torch_threads=configured.torch_threads,
+                            leave_threads=configured.torch_threads is None)
         plan = make_plan(
             dataset, None, batch_size=_plan_batch_size(dataset, batch_size), budget_s=None,
             device=device, epochs=self.default_epochs if epochs is None else epochs,
@@ -240,7 +298,7 @@ class DataLoader(tud.DataLoader[T_co]):
             max_workers=fixed.num_workers if fixed.num_workers else None, memory_budget_bytes=None,
             batch_timeout_s=batch_timeout_s, shuffle=bool(shuffle) or sampler is not None,
             collate_fn=collate_fn, seed=0, fixed=fixed.to_dict(), persistent=fixed.persistent_workers,
-            read_samples=False, multiprocessing_context=multiprocessing_context, stacklevel=3,
+            read_samples=False, multiprocessing_context=multiprocessing_context, stacklevel=4,
         )
         baseline = replace(baseline_candidate(
             {**{k: v for k, v in literal.items() if k != "prefetch_factor" or v is not None},
@@ -248,27 +306,16 @@ class DataLoader(tud.DataLoader[T_co]):
             torch_threads=fixed.torch_threads)
         # With ``explicit_settings_are_fixed=False`` (``autotune run``) the script's settings are the
         # baseline, measured first and searched around; otherwise what is written is fixed as well.
-        self._tuning = Tuning(
+        return Tuning(
             plan, fixed, baseline,
             store_args=({"cache_dir": cache_dir, "storage": storage}
-                        if cache and _configured is None else None),
+                        if cache and configured is None else None),
             origin=self._origin,
             reads_in_main=self._user_workers == 0 or not self.explicit_settings_are_fixed,
             # A worker_init_fn runs in worker processes; a dataset that sets the process's random
             # state per sample (the plan reads its code) would race with itself on threads.
             threads_allowed=worker_init_fn is None and plan.max_threads != 0,
         )
-        if _configured is not None:
-            self._tuning.settle_from_profile(None, _configured)
-            self._settle(_configured)
-        elif not retune:
-            hit = self._tuning.lookup()
-            if hit is not None:
-                self._tuning.settle_from_profile(hit, hit.candidate)
-                self._settle(hit.candidate)
-        # Collected without close(): the workers still go and the thread count is still put back.
-        weakref.finalize(self, self._held.release)
-        _notify("built", self)
 
     @classmethod
     def configured(cls, dataset: Any, candidate: Candidate, *, device: str | torch.device | None = None,
@@ -315,7 +362,7 @@ class DataLoader(tud.DataLoader[T_co]):
     @property
     def tuning(self) -> TuneResult | None:
         """What was tried and chosen (``None`` before the first measurement)."""
-        return self._tuning.partial_result()
+        return self._tuning.partial_result() if self.untuned is None else None
 
     @property
     def origin(self) -> str:
@@ -325,6 +372,8 @@ class DataLoader(tud.DataLoader[T_co]):
     @property
     def settled(self) -> bool:
         """Whether exploration is over and the best configuration is being served."""
+        if self.untuned is not None:
+            return False
         return self._tuning.settled is not None and self._tuning.pending is None
 
     @property
@@ -348,7 +397,9 @@ class DataLoader(tud.DataLoader[T_co]):
 
     # -- iteration (torch's _get_iterator idiom) ---------------------------------------------------
 
-    def __iter__(self) -> EpochIterator:  # type: ignore[override]
+    def __iter__(self) -> Any:
+        if self.untuned is not None:  # NOTE [ Untuned ]
+            return super().__iter__()
         if self._user_persistent:  # torch keeps one iterator and resets it
             it = self._epoch_iterator() if self._epoch_iterator is not None else None
             if it is None:
@@ -364,7 +415,9 @@ class DataLoader(tud.DataLoader[T_co]):
         """Whether torch would start loading in ``iter()`` (worker processes written by the user)."""
         return self._user_workers > 0
 
-    def _get_iterator(self) -> EpochIterator:  # type: ignore[override]
+    def _get_iterator(self) -> Any:
+        if self.untuned is not None:  # NOTE [ Untuned ]: torch's own iterator, as torch makes it
+            return super()._get_iterator()
         if self._user_workers > 0:
             self.check_worker_number_rationality()  # torch's warning, where torch gives it
         # With persistent workers written, one iterator is reset from epoch to epoch and torch draws
@@ -428,7 +481,7 @@ class DataLoader(tud.DataLoader[T_co]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_held", "_iterator", "_live"):
+        for name in ("_held", "_iterator", "_live", "_epoch_iterator"):
             state.pop(name, None)
         return state
 
@@ -460,6 +513,30 @@ def _plan_batch_size(dataset: Any, batch_size: int | None) -> int:
     n = dataset_length(dataset)
     size = batch_size if batch_size is not None else 1
     return min(size, n) if n else size
+
+
+def _workers(value: Any) -> int:
+    """The worker count torch starts for ``value`` (one it cannot take starts none here: its own
+    iteration raises then, NOTE [ Untuned ])."""
+    return int(value) if isinstance(value, int) and value > 0 else 0
+
+
+def _check_own(*, torch_threads: int | str | None, pretransform: str | Sequence[str], epochs: int | None,
+               device: Any, batch_timeout_s: float | None) -> None:
+    """autotune's own arguments, checked with a clear error (torch checks its own)."""
+    if torch_threads not in (AUTO, None) and (
+            isinstance(torch_threads, bool) or not isinstance(torch_threads, int) or torch_threads < 1):
+        raise ConfigurationError(
+            f"torch_threads={torch_threads!r} must be a positive integer, or {AUTO!r} to have it"
+            " tuned, or None to leave it as it is.")
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise ConfigurationError(
+            f"epochs={epochs!r} must be a positive integer: the number of epochs you will train.")
+    preflight.resolve_pretransforms(pretransform)
+    preflight.resolve_device(device)
+    if batch_timeout_s is not None:
+        preflight.check_number("batch_timeout_s", batch_timeout_s, minimum=0,
+                               fix="give the longest a single batch may take, in seconds, or None.")
 
 
 def _fixed(given: dict[str, Any], torch_threads: int | str | None) -> Fixed:

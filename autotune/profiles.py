@@ -551,11 +551,16 @@ class DatabaseProfileStore:
 
     def _error(self, action: str, err: BaseException) -> ProfileStoreError:
         detail = self._mask(str(getattr(err, "orig", None) or err)).strip().splitlines()
+        engine = getattr(self, "_engine", None)
+        if engine is not None and engine.dialect.name == "sqlite":
+            check = ("Check that the file is a SQLite database (a damaged one can be removed, and is"
+                     " made again) and that its folder exists and is writable")
+        else:
+            check = ("Check that the database server is running and reachable from this machine and"
+                     " that the URL, user, password and database name are right")
         return ProfileStoreError(
             f"could not {action} in {self.location}: {detail[0] if detail else type(err).__name__}."
-            f" Check that the database server is running and reachable from this machine and that"
-            f" the URL, user, password and database name are right (for SQLite, that the folder"
-            f" exists and is writable), or omit storage= to use the embedded store."
+            f" {check}, or omit storage= to use the embedded store."
         )
 
     def _mask(self, text: str) -> str:

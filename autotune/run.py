@@ -122,15 +122,19 @@ class LoaderRecord:
     tuning: TuneResult | None = None
     measuring_again: str | None = None
     """What the loader measured again after it settled (its ``tuning`` is the settled choice)."""
+    untuned: str | None = None
+    """Why the loader served as torch serves and tuned nothing (``DataLoader.untuned``)."""
 
     def copy_state(self, loader: dropin.DataLoader) -> None:
         self.served_batches = loader.served_batches
         self.settled = loader.settled
+        self.untuned = loader.untuned
+        if loader.untuned is not None:
+            return
         self.measuring_again = loader._tuning.measuring_again()
-        with contextlib.suppress(Exception):
-            # Measuring again, the settled choice stands (and is the stored profile), not the new
-            # measurements' provisional pick.
-            self.tuning = loader._tuning.result if self.measuring_again is not None else loader.tuning
+        # Measuring again, the settled choice stands (and is the stored profile), not the new
+        # measurements' provisional pick.
+        self.tuning = loader._tuning.result if self.measuring_again is not None else loader.tuning
 
     @property
     def tunable(self) -> bool:
@@ -139,7 +143,10 @@ class LoaderRecord:
 
     @property
     def status(self) -> str:
-        """``from-profile``, ``tuned``, ``exploring``, ``too-short``, ``not-iterated`` or ``unmeasured``."""
+        """``untuned``, ``from-profile``, ``tuned``, ``exploring``, ``too-short``, ``not-iterated`` or
+        ``unmeasured``."""
+        if self.untuned is not None:
+            return "untuned"
         if self.tuning is not None and self.tuning.from_cache:
             return "from-profile"
         if self.served_batches == 0:
@@ -604,6 +611,10 @@ def _loader_section(record: LoaderRecord) -> list[str]:
                      " the batches")
     lines.append(f"  the script's settings: {_settings_text(record.script_settings, record.batch_size)}")
     status = record.status
+    if status == "untuned":
+        lines += textwrap.wrap(f"  served as torch serves it, untuned: {record.untuned}", width=TEXT_WIDTH,
+                               subsequent_indent="    ")
+        return lines
     if status == "not-iterated":
         lines.append("  never iterated: nothing to tune")
         return lines

@@ -31,9 +31,10 @@ import contextlib
 import logging
 import math
 import statistics
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from torch.utils.data import default_collate
 
@@ -42,7 +43,7 @@ from . import profiles
 from .decide import Decision, Ledger, TrialRecord
 from .describe import contains_cuda
 from .distributed import reduce_measurements
-from .exceptions import CandidateError
+from .exceptions import CandidateError, ProfileStoreError, ProfileStoreWarning
 from .machine import CpuSnapshot, cpu_snapshot, others_load
 from .measure import Measurement
 from .online import (
@@ -123,6 +124,9 @@ class Fixed:
         return {k: v for k, v in self.fields().items() if k != "worker_kind"}
 
 
+T = TypeVar("T")
+
+
 class Tuning:
     """What one drop-in loader knows across epochs (see the module docstring)."""
 
@@ -180,6 +184,13 @@ class Tuning:
         """The CPU times when the latest search began: its result's load is read from them."""
         self.partial: tuple[tuple[int, int], TuneResult | None] | None = None
         """The last partial result and the measurements it was made of (history, ledger records)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (pickled, deep-copied) keeps what was measured and chosen; a ram cache being filled
+        # is this process's memory: the copy fills its own, from its next epoch on.
+        state = self.__dict__.copy()
+        state["filling"] = None
+        return state
 
     # -- the search --------------------------------------------------------------------------------
 
@@ -329,9 +340,19 @@ class Tuning:
             return False
         return self.filling.gathers_batches(default_collate)
 
-    def _space(self) -> tuple[SearchSpace, dict[str, str]]:
+    def _profile_problem(self, c: Candidate) -> str | None:
+        """Why a stored choice cannot serve this loader on this machine (outside today's space: a
+        worker count past its bound, a kind of worker or persistence it no longer allows), or
+        ``None``. Its cache is checked when it is prepared, so none is planned here."""
+        if c == self.baseline:
+            return None
+        space, _ = self._space(caches=False)
+        return space.check(replace(c, pretransform="none"))
+
+    def _space(self, *, caches: bool = True) -> tuple[SearchSpace, dict[str, str]]:
         plan = self.plan
-        strategies = plan.strategies if self.reads_in_main and not plan.iterable else ("none",)
+        strategies = (plan.strategies if caches and self.reads_in_main and not plan.iterable
+                      else ("none",))
         max_workers = plan.max_workers
         excluded = dict(plan.excluded)
         if self.cuda_data:
@@ -387,9 +408,9 @@ class Tuning:
         self.decision = decision
         self.result = self._result(decision)
         c = decision.chosen.candidate
-        if self.store_args is not None and (self.plan.dist is None or self.plan.dist.leader):
-            with self.store() as store:
-                store.put(self.plan.key, self.result.to_dict())
+        if self.plan.dist is None or self.plan.dist.leader:
+            record = self.result.to_dict()
+            self._with_store("store the profile", lambda store: store.put(self.plan.key, record))
         var, df = self.ledger.noise()
         self.noise_sd = math.sqrt(var) if df and math.isfinite(var) else 0.0
         self.history.extend(self.ledger.records)
@@ -505,11 +526,30 @@ class Tuning:
         finally:
             store.close()
 
-    def lookup(self) -> TuneResult | None:
+    def _with_store(self, action: str, use: Callable[[profiles.ProfileStore], T]) -> T | None:
+        """``use(store)``. A store that fails (unreachable, corrupt, read-only) is let go for this
+        loader with one warning: a profile store never ends a training run; the loader tunes and
+        serves as before, storing nothing."""
         if self.store_args is None:
             return None
-        with self.store() as store:
-            hit = lookup(store, self.plan.key)
+        try:
+            with self.store() as store:
+                return use(store)
+        except (ProfileStoreError, OSError) as err:
+            self.store_args = None
+            warnings.warn(
+                f"the profile store could not {action} ({err}); the loader at {self.origin} goes on"
+                " without it: nothing is read from it or stored for this loader.",
+                ProfileStoreWarning, stacklevel=2)
+            return None
+
+    def lookup(self) -> TuneResult | None:
+        hit = self._with_store("be read", lambda store: lookup(store, self.plan.key))
+        if hit is not None and (problem := self._profile_problem(hit.candidate)) is not None:
+            warnings.warn(
+                f"ignoring the stored profile {self.plan.key} for the loader at {self.origin}: {problem}."
+                " It is measured again and replaced.", ProfileStoreWarning, stacklevel=2)
+            hit = None
         ctx = self.plan.dist
         if ctx is not None:  # rank 0's answer, so that every rank explores, or none
             shared = ctx.broadcast(hit.to_dict() if ctx.leader and hit is not None else None)

@@ -1019,3 +1019,68 @@ def _candidates_served(loader: Any) -> list[Any]:
     if settled_on is not None:
         return [settled_on]
     return list(loader._tuning.next_candidate.__self__.candidates)
+
+
+# -- torch's leniencies and errors are torch's (NOTE [ Untuned ] in autotune/loader.py) ------------
+
+
+class WithoutLength(tud.Dataset):
+    """Map-style, with no ``__len__``: torch serves it through a sampler that has one."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([float(i)])
+
+
+class LengthRaises(Indexed):
+    def __len__(self) -> int:
+        raise RuntimeError("this dataset cannot tell its length")
+
+
+LENIENT = {
+    "empty-dataset": (lambda: Indexed(0), {"batch_size": 4}),
+    "no-len-with-a-sampler": (WithoutLength, {"batch_size": 2, "sampler": list(range(6))}),
+    "num_workers=True": (lambda: Indexed(12), {"batch_size": 2, "num_workers": True}),
+    "pin_memory='yes'": (lambda: Indexed(12), {"batch_size": 2, "pin_memory": "yes"}),
+    "num_workers=2.5": (lambda: Indexed(12), {"batch_size": 2, "num_workers": 2.5}),
+    "prefetch_factor=0": (lambda: Indexed(12), {"batch_size": 2, "num_workers": 2, "prefetch_factor": 0}),
+    "len-raises": (lambda: LengthRaises(12), {"batch_size": 2}),
+    "dataset=None": (lambda: None, {"batch_size": 2}),
+}
+
+
+def _outcome(make: Any, dataset: Any, kwargs: dict[str, Any]) -> tuple[str, Any]:
+    """(where it failed, and with what type; or "served" and the epochs' batches)."""
+    try:
+        loader = make(dataset, **kwargs)
+    except Exception as err:  # noqa: BLE001 - the type and the moment are what is compared
+        return "construction", type(err).__name__
+    try:
+        return "served", [canon(list(loader)) for _ in range(2)]
+    except Exception as err:  # noqa: BLE001
+        return "iteration", type(err).__name__
+
+
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true:UserWarning")
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"))
+    # torch's own iterator, refused half-made, fails again when it is collected (torch's noise)
+    if case == "prefetch_factor=0" else case
+    for case in LENIENT
+])
+def test_what_torch_accepts_or_refuses_the_drop_in_accepts_or_refuses_alike(case: str) -> None:
+    # The same batches where torch serves; the same error type, at the same moment, where it fails.
+    dataset, kwargs = LENIENT[case]
+    expected = _outcome(tud.DataLoader, dataset(), kwargs)
+    got = _outcome(lambda ds, **kw: autotune.DataLoader(ds, cache=False, **kw), dataset(), kwargs)
+    assert got == expected
+
+
+def test_a_loader_pickles_and_deep_copies_after_an_epoch(state: str) -> None:
+    # torch's loader pickles between epochs; a drop-in that explored or settled does too, and the
+    # copy serves the same batches as the original would.
+    import copy
+
+    loader = make(state, Indexed(40), batch_size=4)
+    first = canon(list(loader))
+    for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+        assert canon(list(clone)) == first  # sequential sampler: the same batches every epoch

@@ -287,7 +287,6 @@ def test_the_profile_is_written_then_reused_without_exploring() -> None:
     ("kwargs", "match"),
     [
         ({"num_workers": "many"}, r"num_workers='many' is not a setting"),
-        ({"num_workers": 2, "prefetch_factor": 0}, r"prefetch_factor=0 must be a positive integer"),
         ({"torch_threads": 0}, r"torch_threads=0 must be a positive integer"),
         ({"pretransform": "disk"}, r"pretransform='disk' is not a pre-transform strategy"),
         ({"epochs": 0}, r"epochs=0 must be a positive integer"),
@@ -553,3 +552,54 @@ def test_a_run_that_hardly_waits_for_data_stops_filling_a_cache() -> None:
     assert tuning is not None
     assert filling is None, tuning.table()
     assert not [t for t in tuning.trials if t.candidate.pretransform == "ram"], tuning.table()
+
+
+# -- a profile store never ends a training run ---------------------------------------------------
+
+
+def _batches(loader: Any, epochs: int = 2) -> list[list[int]]:
+    return [[int(i) for _, y in loader for i in y] for _ in range(epochs)]
+
+
+def test_a_corrupt_profile_database_is_let_go_with_one_warning(tmp_path: Any) -> None:
+    # A SQLite file that is not a database: the loader warns once, names it as SQLite's problem,
+    # and serves torch's batches; nothing is raised in the user's loop.
+    path = tmp_path / "profiles.db"
+    path.write_bytes(b"this is not a database" * 100)
+    ds = Remote(64, delay_s=0.0)
+    with pytest.warns(autotune.ProfileStoreWarning, match=r"SQLite database.*goes on without it") as seen:
+        loader = DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3),
+                            storage=f"sqlite:///{path}", epochs=2)
+    assert len(seen) == 1 and "database server" not in str(seen[0].message)
+    expected = _batches(torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True,
+                                                    generator=torch.Generator().manual_seed(3)))
+    assert _batches(loader) == expected
+
+
+def test_a_profile_store_that_fails_when_the_loader_settles_is_let_go(tmp_path: Any) -> None:
+    # The store broke after the loader was made (the file was overwritten): storing the profile when
+    # the loader settles warns once and the loader goes on; a second store is not tried.
+    path = tmp_path / "profiles.db"
+    loader = DataLoader(Remote(64, delay_s=0.0), batch_size=8, storage=f"sqlite:///{path}", epochs=2)
+    path.write_bytes(b"overwritten" * 1000)
+    tuning = loader._tuning
+    with pytest.warns(autotune.ProfileStoreWarning, match="could not store the profile"):
+        assert tuning._with_store("store the profile", lambda store: store.put(tuning.plan.key, {})) is None
+    assert tuning.store_args is None  # let go: the next epochs never touch it again
+
+
+def test_a_stored_profile_outside_this_machine_s_space_is_measured_again() -> None:
+    # A profile with 500 worker processes (written by hand, or on a far larger machine) is not served
+    # here: it is ignored with a warning, and the loader explores as if it had none.
+    from autotune import profiles
+
+    ds = Remote(64, delay_s=0.0)
+    first = DataLoader(ds, batch_size=8, epochs=2)
+    key = first._tuning.plan.key
+    del first
+    record = TuneResult(loader_kwargs={"batch_size": 8, "num_workers": 500, "pin_memory": False,
+                                       "prefetch_factor": 2, "persistent_workers": False}).to_dict()
+    profiles.open_store().put(key, record)
+    with pytest.warns(autotune.ProfileStoreWarning, match=r"ignoring the stored profile.*num_workers=500"):
+        loader = DataLoader(ds, batch_size=8, epochs=2)
+    assert not loader.settled and loader.tuning is None
