@@ -100,11 +100,13 @@ def build_inner(loader: DataLoader[Any], c: Candidate, sampler: FeedSampler | No
         # The ram cache, filled by the samples this epoch loads anyway (NOTE [ Filling caches ]):
         # while it fills, every stretch loads through it; once full, a ram candidate reads it.
         prepared = pt.prepare(loader.dataset, "ram", device=device,
-                              memory_budget_bytes=t.plan.cache_budget(), fill="pass")
+                              memory_budget_bytes=t.plan.cache_budget(), fill="pass", warn_stale=False)
         t.filling = prepared
     else:
+        # Every inner loader is made through prepare: a cache the dataset outgrew is rebuilt here,
+        # and no loader of this one serves it stale, so the rebuild is no cause for a warning.
         prepared = pt.prepare(loader.dataset, c.pretransform, device=device,
-                              memory_budget_bytes=t.plan.cache_budget())
+                              memory_budget_bytes=t.plan.cache_budget(), warn_stale=False)
     # The user's own timeout wins; the baseline and an unmeasured stretch wait as the user's loader
     # would; a candidate being explored is dropped after the batch time limit if it hangs.
     measured_candidate = stretch.phase is not None and not stretch.baseline

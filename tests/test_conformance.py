@@ -1084,3 +1084,63 @@ def test_a_loader_pickles_and_deep_copies_after_an_epoch(state: str) -> None:
     first = canon(list(loader))
     for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
         assert canon(list(clone)) == first  # sequential sampler: the same batches every epoch
+
+
+# -- a randomised differential test: datasets that change between epochs --------------------------
+
+
+class Changing(Indexed):
+    """Sample i is ``transform(data[i] + start)``: an attribute, a swappable transform and a tensor
+    that the loops below change between epochs, as curricula and users do."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.data = torch.arange(n, dtype=torch.float32).repeat(3, 1).T.contiguous()
+        self.start = 0.0
+        self.transform: Any = Add(0.0)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.transform(self.data[i] + self.start), i
+
+
+CHANGES = ("attribute", "transform", "in-place", "nothing")
+WRITTEN: tuple[dict[str, Any], ...] = (
+    {}, {"num_workers": 1}, {"num_workers": 2}, {"num_workers": 2, "persistent_workers": True},
+    {"shuffle": True}, {"shuffle": True, "num_workers": 2},
+)
+CASES = 200
+
+
+def _change(ds: Changing, how: str, epoch: int) -> None:
+    if how == "attribute":
+        ds.start = 10.0 * epoch
+    elif how == "transform":
+        ds.transform = Add(100.0 * epoch)
+    elif how == "in-place":
+        ds.data.add_(1000.0)
+
+
+def test_datasets_changed_between_epochs_are_served_as_torch_serves_them() -> None:
+    # CASES generated cases, each a dataset, a change made before every epoch, the settings a user
+    # wrote and the drop-in's state; the drop-in must deliver torch's batches, epoch by epoch.
+    import random
+
+    failures = []
+    for case in range(CASES):
+        rnd = random.Random(case)
+        how, written, state = rnd.choice(CHANGES), rnd.choice(WRITTEN), rnd.choice(STATES)
+        n = rnd.choice((16, 24, 30))
+
+        def loop(loader: Any, g: Any, how: str = how) -> list[Any]:
+            out = []
+            for epoch in range(3):
+                _change(loader.dataset, how, epoch)
+                out.append(canon(list(loader)))
+            return out
+
+        expected, got = both(state, loop, lambda n=n: Changing(n), generator="shuffle" in written,
+                             seed=case, kwargs=lambda ds, g, w=written: {"batch_size": 4, **w,
+                                                                         **({"generator": g} if g else {})})
+        if got != expected:
+            failures.append((case, how, written, state))
+    assert not failures, f"{len(failures)} of {CASES} cases differ from torch: {failures[:5]}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any
 
@@ -23,6 +24,8 @@ from .build import (
 from .reuse import keep_build, plan_for, stored_build
 from .split import CachePlan
 from .stores import ProgressFn, fmt_bytes, is_ragged
+
+log = logging.getLogger("autotune")
 
 STRATEGIES = ("none", "ram", "device")
 
@@ -83,6 +86,7 @@ def prepare(
     memory_budget_bytes: int | None = None,
     progress: ProgressFn | None = None,
     fill: str = "build",
+    warn_stale: bool = True,
 ) -> Prepared:
     """The dataset to load with ``strategy``; a cache is built once per process and dataset.
 
@@ -93,7 +97,9 @@ def prepare(
     (StaleCacheWarning, naming what changed) and builds again. A ``ram`` build stops when it outgrows
     ``memory_budget_bytes`` (None: no ceiling); ``progress`` is called with (samples done, samples in
     all) while it runs. Raises ``ConfigurationError`` for an unknown strategy and
-    ``CandidateInfeasible`` when the dataset cannot be cached.
+    ``CandidateInfeasible`` when the dataset cannot be cached. ``warn_stale=False``: a caller that
+    makes every loader through this call (the drop-in) serves nothing stale, so a rebuild is logged,
+    not warned of.
 
     ``fill="pass"`` (``ram`` only) builds nothing: the cache is allocated, sized from the plan's
     estimate within the budget, and returned at once, and each sample is stored the first time a
@@ -131,8 +137,10 @@ def prepare(
                 keep_build(dataset, key, plan, completed)
                 return completed
             return stored[1]
-        if stale is not None:
+        if stale is not None and warn_stale:
             warnings.warn(stale_message(strategy, stale), StaleCacheWarning, stacklevel=2)
+        elif stale is not None:  # the caller builds its loaders anew from each call: nothing is stale
+            log.info("autotune: the pretransform=%r cache is rebuilt: %s", strategy, stale)
     if plan.reason is not None:
         raise CandidateInfeasible(f"pretransform={strategy!r}: {plan.reason}")
     if strategy == "device" and (plan.table is not None or is_ragged(plan.layout)):
