@@ -109,6 +109,8 @@ def settled(loader: Any, kind: str, threads: Any) -> Any:
     wanted = [
         replace(b, num_workers=2, prefetch_factor=2, persistent_workers=False, worker_kind="thread"),
         replace(b, num_workers=2, prefetch_factor=2, persistent_workers=persistent, worker_kind="process"),
+        # Workers the caller did not ask to keep alive are started afresh each epoch.
+        replace(b, num_workers=2, prefetch_factor=2, persistent_workers=False, worker_kind="process"),
         replace(b, persistent_workers=persistent and b.num_workers > 0),
         b,
     ]
