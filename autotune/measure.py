@@ -178,10 +178,14 @@ def window_log_se(opened: float, arrivals: list[float], counts: list[int], worke
 def produced(samples: int, batches: int, ready_at_start: int | None, ready_at_end: int | None) -> int:
     """The samples the loader produced over a window in which the loop took ``samples`` in
     ``batches`` batches, given the batches finished ahead of the loop at its two ends (NOTE
-    [ Queue-corrected windows ]); ``samples`` where either end is not known."""
+    [ Queue-corrected windows ]); ``samples`` where either end is not known, or where the queue
+    changed by as many batches as the window holds (too short a window to read a rate from)."""
     if ready_at_start is None or ready_at_end is None or batches <= 0:
         return samples
-    return max(0, round(samples + (ready_at_end - ready_at_start) * samples / batches))
+    change = ready_at_end - ready_at_start
+    if abs(change) >= batches:
+        return samples  # a window shorter than its queue's swing says nothing of the rate either way
+    return round(samples + change * samples / batches)
 
 
 def batch_length(batch: Any, default: int) -> int:

@@ -76,6 +76,8 @@ def make(state: str, dataset: Any, *, torch_threads: Any = "auto", **torch_kwarg
     if state not in STATES:
         raise ValueError(f"state={state!r} is not one of {('torch', *STATES)}")
     loader = autotune.DataLoader(dataset, cache=False, torch_threads=torch_threads, **torch_kwargs)
+    if loader.untuned is not None:
+        return loader  # torch's own iteration serves it (NOTE [ Untuned ]): no state to put it in
     if state == "exploring":
         return switching(loader)
     threads = None if torch_threads == "auto" else torch_threads
