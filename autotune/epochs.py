@@ -44,7 +44,9 @@
 # between the two fetches. Without it, a worker count far past the CPUs (16 workers, prefetch 2: a
 # 32-batch queue) needs some 70 items before its window opens, more than a short epoch holds, and
 # the user's own settings were never measured at all. Where the loop never waits (the step is the
-# bottleneck) the backlog rule stands: nothing then proves the queue drained.
+# bottleneck), nothing proves the queue drained; where the queue is read at every item, the window
+# counts what the loader produced (NOTE [ Queue-corrected windows ] in measure.py) and needs the same
+# two batches per worker, not the backlog; where it cannot be read, the backlog rule stands.
 # What is left between two such fetches is the work the workers have in hand, up to a batch each;
 # it counts at one end and not at the other, so the window spans DRAINED_CYCLES batches per worker
 # (``online.drained_span``), and the queue's change is counted as well (NOTE [ Queue-corrected
@@ -252,9 +254,10 @@ class Timeline:
 
     @property
     def warmup(self) -> int:
-        """Items before the measured window: the warm-up batches, the backlog, and the first
-        stretch's settling in (NOTE [ The first stretch settles in ])."""
-        first = WARMUP_BATCHES + self.backlog
+        """Items before the measured window: the warm-up batches, the backlog where the workers'
+        queue cannot be read (NOTE [ Drained windows ]), and the first stretch's settling in (NOTE
+        [ The first stretch settles in ])."""
+        first = WARMUP_BATCHES + (0 if self.counted else self.backlog)
         if self.settle_s <= 0:
             return first
         if self._settled_at is None:
@@ -292,17 +295,31 @@ class Timeline:
         self.counts.append(samples)
         self.ready.append(ready)
 
+    @property
+    def counted(self) -> bool:
+        """Whether the workers' queue is read at every item, so a window counts what the loader
+        produced (NOTE [ Queue-corrected windows ] in measure.py)."""
+        return bool(self.ready) and self.ready[-1] is not None
+
+    def enough(self) -> int:
+        """Items past the warm-up a window needs: with the queue counted, a round of every worker
+        twice over (each end may count a batch per worker still in hand); without, a second
+        backlog's worth (one made ready during start-up drains only as fast as the step outpaces
+        the workers)."""
+        if self.counted:
+            return drained_span(self.workers)
+        return max(STRETCH_MIN_BATCHES, self.backlog)
+
     def measured(self) -> int:
         return max(0, len(self.received) - 1 - self.warmup)
 
     def complete(self, now: float) -> bool:
         """A drained window of at least ``window_s`` (NOTE [ Drained windows ]), or else enough items
-        past the warm-up (at least a second backlog's worth: one made ready during start-up drains
-        only as fast as the step outpaces the workers) over enough time."""
+        past the warm-up (``enough``) over enough time."""
         span = self.drained()
         if span is not None and self.received[span[1]] - self.received[span[0]] >= self.window_s:
             return True
-        if self.measured() < max(STRETCH_MIN_BATCHES, self.backlog):
+        if self.measured() < self.enough():
             return False
         return now - self.received[self.warmup] >= self.window_s
 
@@ -325,7 +342,7 @@ class Timeline:
     def measurement(self, end: float, build_s: float, workers: set[int]) -> Measurement | None:
         """The window's measurement (``None``: too few items); ``workers``: the stretch's worker
         processes, whose memory counts with the main process's."""
-        if self.drained() is None and self.measured() < max(STRETCH_MIN_BATCHES, self.backlog):
+        if self.drained() is None and self.measured() < self.enough():
             return None  # too few: the items made ready during start-up would flatter the rate
         k, stop, closes = self.window(end)
         wall = max(closes - self.received[k], 1e-9)
@@ -398,8 +415,9 @@ class Stretch:
         backlog = c.num_workers * (c.prefetch_factor or 2) if c.num_workers else 0
         self.line = Timeline(backlog=backlog, workers=c.num_workers, window_s=window_s,
                              settle_s=window_s if settle else 0.0,
-                             # room left for a window within the stretch's items
-                             settle_items=(limit - 1 - max(STRETCH_MIN_BATCHES, backlog)
+                             # room left for a window within the stretch's items (the queue is
+                             # counted where workers load: NOTE [ Drained windows ])
+                             settle_items=(limit - 1 - drained_span(c.num_workers)
                                            if settle and limit is not None else None))
         self.close_s = 0.0
         """What closing it took (its workers' exit): part of what it cost the loop."""
@@ -598,6 +616,8 @@ class SearchDriver(Driver):
         first = phase == "baseline"
         if first:  # NOTE [ The first stretch settles in ]: twice the share, within the epoch
             limit = max(limit, min(2 * limit, self.epoch_items or 2 * limit))
+            if self.epoch_items:  # its room for a window is counted within what the epoch holds
+                limit = min(limit, self.epoch_items)
             t.start_filling()  # NOTE [ The search fills from its first stretch ]
         return self._stretch(c, phase, limit, abandon_below=t.abandon_below(phase), whole=t.together,
                              window_s=t.window_s(self.epoch_items), settle=first)

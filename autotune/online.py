@@ -21,7 +21,9 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 # 4. Exploring is an investment with a bound: every stretch's cost is its wall time minus what the
 #    baseline would have taken for the same samples (start-up and close included) at the first
 #    stretch's rate (measured once the process warmed up: NOTE [ The first stretch settles in ] in
-#    epochs.py), and once the total exceeds EXPLORE_LOSS_FRACTION of the run projected at that rate,
+#    epochs.py), and once the total exceeds the larger of EXPLORE_LOSS_FRACTION of the run projected
+#    at that rate and EXPLORE_WIN_SHARE of what the baseline's waiting for data costs that run (the
+#    most any loader can win: a loop that waits more has more to win and may spend more to find it),
 #    no new candidate is tried.
 # 5. The finals: the best FINALISTS and the baseline, one stretch each per round, in rotated order,
 #    at least MIN_FINAL_ROUNDS rounds and more, up to MAX_FINAL_ROUNDS, while the verdict against the
@@ -76,7 +78,10 @@ MAX_CANDIDATES = 8
 """Candidates explored at most before the finals (the estimate makes more rarely worth it)."""
 
 EXPLORE_LOSS_FRACTION = 0.01
-"""Exploring stops once it has cost this share of the run projected at the baseline (NOTE 4)."""
+"""Exploring stops once it has cost this share of the run projected at the baseline (NOTE 4)..."""
+
+EXPLORE_WIN_SHARE = 0.05
+"""...or, where more, this share of what waiting for data costs the baseline's run (NOTE 4)."""
 
 MIN_FINAL_ROUNDS = 2
 """Rounds of the finals at least: the baseline then has three measurements and a noise estimate."""
@@ -282,7 +287,11 @@ class Explorer:
         if len(explored) >= MAX_CANDIDATES:
             return False
         projected = self._projected_run_s()
-        return projected is None or self.loss_s <= EXPLORE_LOSS_FRACTION * projected
+        if projected is None:
+            return True
+        base = self.ledger.by_candidate[self.baseline][0].measurement
+        wait = base.wait_fraction if base is not None else 0.0
+        return self.loss_s <= max(EXPLORE_LOSS_FRACTION, EXPLORE_WIN_SHARE * wait) * projected
 
     def _projected_run_s(self) -> float | None:
         base = self.ledger.by_candidate.get(self.baseline)

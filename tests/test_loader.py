@@ -606,3 +606,17 @@ def test_a_stored_profile_outside_this_machine_s_space_is_measured_again() -> No
     with pytest.warns(autotune.ProfileStoreWarning, match=r"ignoring the stored profile.*num_workers=500"):
         loader = DataLoader(ds, batch_size=8, epochs=2)
     assert not loader.settled and loader.tuning is None
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 16 worker processes:UserWarning")
+def test_a_worker_count_far_past_the_cpus_is_measured_within_a_short_epoch() -> None:
+    # 16 workers with prefetch 2 queue 32 batches: a window that waited for the backlog to drain
+    # needed more items than this 64-batch epoch holds, and the user's settings went unmeasured. The
+    # queue is counted instead (NOTE [ Queue-corrected windows ]), so the first epoch measures them.
+    loader = DataLoader(Remote(2048, delay_s=0.001), batch_size=32, num_workers=16, epochs=3, cache=False)
+    assert Counter(i for _, y in loader for i in y.tolist()) == Counter(i % 10 for i in range(2048))
+    assert loader.tuning is not None
+    first = loader.tuning.trials[0]
+    assert first.phase == "baseline" and first.state == "complete"
+    assert first.candidate.num_workers == 16
+    loader.close()
