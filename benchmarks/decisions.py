@@ -12,7 +12,8 @@
 #    second timed), and the user's settings likewise: the best fixed configuration's gain;
 # 4. a plain loop over ``result.make_loader``: two epochs, the second timed, against the user's
 #    settings' second epoch: what the user's own loop gets from the returned choice, to hold the
-#    tuner's reported speed-up against.
+#    tuner's reported speed-up against. The best fixed gain is the larger of the oracle's and this
+#    (the worker grid holds no cache).
 # Run quiet and beside one busy core (NOTE [ Loaded mode ] in hog.py), REPEATS times each. Figures
 # are per run; the summary gives counts and medians, never a single time.
 """
@@ -170,10 +171,16 @@ def _one(workload: str, written: str) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def best_gain(r: dict[str, Any]) -> float:
+    """The best fixed configuration measured in the run: the worker grid's, or the returned choice's
+    in a plain loop where that was better (a cache, which the grid does not hold)."""
+    return max(r["oracle_gain"], r["plain_loop_speedup"] or 0.0)
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if "error" not in r]
-    win_cases = [r for r in ok if r["oracle_gain"] >= WIN]
-    none_cases = [r for r in ok if r["oracle_gain"] < NOTHING]
+    win_cases = [r for r in ok if best_gain(r) >= WIN]
+    none_cases = [r for r in ok if best_gain(r) < NOTHING]
     agree = [r["reported_speedup"] / r["plain_loop_speedup"] for r in ok
              if r["decision"] == "win" and r["plain_loop_speedup"]]
     return {
@@ -197,8 +204,8 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
         s = block["summary"]
         lines += [f"## {mode}", "",
                   f"- runs: {s['runs']} ({s['failed']} failed)",
-                  f"- oracle gain >= {WIN}x: a win confirmed in {s['wins_confirmed']} runs",
-                  f"- oracle gain < {NOTHING}x: changed in {s['changed_with_nothing_to_win']} runs",
+                  f"- best fixed gain >= {WIN}x: a win confirmed in {s['wins_confirmed']} runs",
+                  f"- best fixed gain < {NOTHING}x: changed in {s['changed_with_nothing_to_win']} runs",
                   f"- the run's time against the user's settings: median {s['median_run_ratio']:.2f}x,"
                   f" worst {s['worst_run_ratio']:.2f}x" if s["median_run_ratio"] is not None else "",
                   f"- undecided at the end: {s['undecided']}",
@@ -217,7 +224,10 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
                          f" {r['chosen']} | {r['settled_in_epoch']} | {r['run_ratio']:.2f}x | {rep} |"
                          f" {plain} |")
         lines.append("")
-    path.write_text("\n".join(lines))
+    lines += ["`oracle gain`: the best worker count's second epoch against the user's; `reported`: the",
+              "tuner's speed-up (whole run, start-up included); `plain loop`: the returned choice's",
+              "second epoch in a plain loop against the user's."]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
