@@ -25,7 +25,9 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    ``log_se``, NOTE [ Evidence from batches ] in measure.py); the estimate is their weighted mean,
 #    and its variance the larger of what the batches say and what the spread between the pairs says
 #    (this one catches what a window's own batches cannot: a drift within a pair, a start that
-#    differed). From MIN_PAIRS pairs on; where the windows cannot say (too few batches), the ratio
+#    differed). The baseline's first measurement, taken while the process still warms up (its
+#    first steps are slower whatever loads them), is left out once MIN_PAIRS others stand beside
+#    it. From MIN_PAIRS pairs on; where the windows cannot say (too few batches), the ratio
 #    is tested on the logarithms of every repeated measurement, with the noise from the spread of
 #    the repeats themselves (the pooled variance of each candidate's measurements around its own
 #    mean). Either way the noise is measured, not assumed. The one-sided lower bound of the ratio at
@@ -342,7 +344,7 @@ class Ledger:
     def pairs(self, c: Candidate, baseline: Candidate) -> list[tuple[TrialRecord, TrialRecord]]:
         """Each measurement of ``c`` with the measurement of ``baseline`` nearest to it in time (by
         trial number), each used once (NOTE [ Decisions ] 3)."""
-        free = list(self.by_candidate.get(baseline, ()))
+        free = self._baseline_records(baseline)
         out = []
         for rec in self.by_candidate.get(c, ()):
             if not free:
@@ -351,6 +353,14 @@ class Ledger:
             free.remove(near)
             out.append((rec, near))
         return out
+
+    def _baseline_records(self, baseline: Candidate) -> list[TrialRecord]:
+        """The baseline's measurements a verdict weighs: its first one (phase ``baseline``, taken
+        while a process still warms up) only until MIN_PAIRS others stand beside it (NOTE
+        [ Decisions ] 3)."""
+        recs = list(self.by_candidate.get(baseline, ()))
+        later = [r for r in recs if r.phase != "baseline"]
+        return later if len(later) >= MIN_PAIRS else recs
 
     def _paired_verdict(self, c: Candidate, baseline: Candidate) -> Verdict | None:
         """The verdict from paired windows and their batches (NOTE [ Decisions ] 3); ``None`` where
@@ -382,7 +392,8 @@ class Ledger:
             if paired is not None:
                 return paired
         a = [math.log(r.score) for r in self.by_candidate.get(c, ()) if r.score]
-        b = [math.log(r.score) for r in self.by_candidate.get(baseline, ()) if r.score]
+        b = [math.log(r.score) for r in (self._baseline_records(baseline) if c != baseline
+                                         else self.by_candidate.get(baseline, ())) if r.score]
         if not a or not b:
             return None
         diff = statistics.fmean(a) - statistics.fmean(b)

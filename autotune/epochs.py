@@ -330,25 +330,27 @@ class Timeline:
         # What was made ready during start-up only flatters the rate, so a low one is real.
         return sum(self.counts[start + 1:]) / max(now - self.received[start], 1e-9) < threshold
 
-    def window(self, end: float) -> tuple[int, int, float]:
-        """(the item it opens at, the last item in it, the time it closes) of the measured window:
-        between two fetches that waited, else from the later half's first item to ``end`` (NOTE
-        [ Bursts ])."""
+    def window(self) -> tuple[int, int]:
+        """(the item it opens at, the last item in it) of the measured window: between two fetches
+        that waited, else the later half of the measured items (NOTE [ Bursts ]). It closes when its
+        last item arrives: from one arrival to another it holds as many fetches as steps, where
+        closing later (when the loop asks for the next item) would count one step more than the
+        batches it counts, a quarter of a three-batch window."""
         span = self.drained()
         if span is not None:
-            return span[0], span[1], self.received[span[1]]
-        return self.warmup + self.measured() // 2, len(self.received) - 1, end
+            return span
+        return self.warmup + self.measured() // 2, len(self.received) - 1
 
-    def measurement(self, end: float, build_s: float, workers: set[int]) -> Measurement | None:
+    def measurement(self, build_s: float, workers: set[int]) -> Measurement | None:
         """The window's measurement (``None``: too few items); ``workers``: the stretch's worker
         processes, whose memory counts with the main process's."""
         if self.drained() is None and self.measured() < self.enough():
             return None  # too few: the items made ready during start-up would flatter the rate
-        k, stop, closes = self.window(end)
-        wall = max(closes - self.received[k], 1e-9)
+        k, stop = self.window()
+        wall = max(self.received[stop] - self.received[k], 1e-9)
         samples = produced(sum(self.counts[k + 1:stop + 1]), stop - k, self.ready[k], self.ready[stop])
         waits = self.waits[k + 1:stop + 1]
-        steps = self.steps[k:] if closes == end else self.steps[k:stop]  # the steps inside the window
+        steps = self.steps[k:stop]  # the steps inside the window: the one after each item but its last
         return Measurement(
             samples_per_s=samples / wall,
             busy=min(1.0, sum(steps) / wall),
@@ -511,10 +513,10 @@ class Stretch:
     def _measured_enough(self, now: float) -> bool:
         if self.line.rate_below(self.abandon_below, now):
             self.abandoned = True
-            self.measurement = self.line.measurement(now, self._build_s(), worker_pids(self.it))
+            self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it))
             return True
         if self.line.complete(now):
-            self.measurement = self.line.measurement(now, self._build_s(), worker_pids(self.it))
+            self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it))
             return True
         return False
 
@@ -529,9 +531,8 @@ class Stretch:
     def close(self) -> None:
         """Stop the inner iterator (a held, persistent one stays), give back what was not served."""
         t0 = time.perf_counter()
-        end = self.last or t0
         if self.phase is not None and self.measurement is None and self.failure is None:
-            self.measurement = self.line.measurement(end, self._build_s(), worker_pids(self.it))
+            self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it))
         if self.it is not None and not self.held:
             workers = worker_pids(self.it) if self.failure is not None else set()
             stop_iterator(self.it)

@@ -146,3 +146,16 @@ def test_one_pair_is_not_enough_for_a_verdict_from_batches() -> None:
     led = _paired([(130.0, 100.0)], log_se=0.001)
     v = led.verdict(FAST, BASE)
     assert v is not None and v.degrees_of_freedom == 0 and not v.wins
+
+
+def test_the_baseline_s_cold_first_measurement_is_left_out_once_repeats_stand_beside_it() -> None:
+    # The baseline's first window ran while the process warmed up, at half its later pace; the
+    # challenger and the later baseline windows are alike: no win, where counting the cold one
+    # would have made one.
+    led = Ledger(dataset_len=None, epochs=1)
+    led.record(BASE, "baseline", "complete", m=m(50.0))
+    for v in (100.0, 102.0, 98.0):
+        led.record(FAST, "final", "complete", m=m(v + 1.0))
+        led.record(BASE, "final", "complete", m=m(v))
+    v = led.verdict(FAST, BASE)
+    assert v is not None and not v.wins and 0.98 < v.ratio < 1.04

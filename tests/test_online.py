@@ -312,7 +312,7 @@ def test_a_window_over_bursts_measures_whole_worker_cycles() -> None:
     workers, cycle_s = 7, 0.5
     arrivals = [0.6 + cycle_s * (i // workers) + 0.002 * (i % workers) for i in range(workers * 5)]
     line, end = _timeline_of(arrivals, step_s=0.005, backlog=2 * workers)
-    m = line.measurement(end, build_s=0.0, workers=set())
+    m = line.measurement(build_s=0.0, workers=set())
     assert m is not None
     assert abs(m.samples_per_s / (64 * workers / cycle_s) - 1.0) < 0.05, m.samples_per_s
 
@@ -320,10 +320,20 @@ def test_a_window_over_bursts_measures_whole_worker_cycles() -> None:
 def test_a_loop_that_never_waits_is_measured_at_its_own_pace() -> None:
     # Batches always ready: the step sets the pace, and the window is the later half as before.
     line, end = _timeline_of([0.0] * 40, step_s=0.01, backlog=4)
-    m = line.measurement(end, build_s=0.0, workers=set())
+    m = line.measurement(build_s=0.0, workers=set())
     assert m is not None
     assert abs(m.samples_per_s / (64 / 0.01) - 1.0) < 0.1, m.samples_per_s
     assert m.busy > 0.95
+
+
+def test_a_short_window_counts_as_many_steps_as_batches() -> None:
+    # Ten batches always ready, a 30 ms step: the later half holds four batches. Closed when the loop
+    # asked for the next one, it counted a fifth step and read 20 % slow; closed at its last
+    # arrival, it reads the step's own pace.
+    line, _ = _timeline_of([0.0] * 10, step_s=0.03, backlog=0)
+    m = line.measurement(build_s=0.0, workers=set())
+    assert m is not None and m.batches == 4
+    assert abs(m.samples_per_s / (64 / 0.03) - 1.0) < 0.02, m.samples_per_s
 
 
 def _warming_timeline(settle_s: float, settle_items: int | None = None) -> tuple[Timeline, float]:
@@ -345,12 +355,12 @@ def test_the_first_stretch_is_measured_after_the_process_warmed_up() -> None:
     later = 64 / 0.02
     line, end = _warming_timeline(settle_s=1.0)
     assert line.warmup == 26  # the first item served a second after the first
-    m = line.measurement(end, build_s=0.0, workers=set())
+    m = line.measurement(build_s=0.0, workers=set())
     assert m is not None
     assert abs(m.samples_per_s / later - 1.0) < 0.05, m.samples_per_s
     # Measured from its start, as every other stretch is, the window takes in the slow first second.
     plain, end = _warming_timeline(settle_s=0.0)
-    slow = plain.measurement(end, build_s=0.0, workers=set())
+    slow = plain.measurement(build_s=0.0, workers=set())
     assert slow is not None and slow.samples_per_s < 0.8 * later
 
 
@@ -366,7 +376,7 @@ def test_a_stretch_still_settling_in_has_measured_nothing() -> None:
         line.item(0.1 * i, 0.1 * i + 0.01, 8)
     assert line.measured() == 0
     assert not line.complete(2.0)
-    assert line.measurement(2.0, build_s=0.0, workers=set()) is None
+    assert line.measurement(build_s=0.0, workers=set()) is None
 
 
 def test_a_cache_in_shared_memory_is_also_read_by_a_worker_process_per_cpu() -> None:
