@@ -198,7 +198,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def write_markdown(data: dict[str, Any], path: Path) -> None:
     lines = ["# How well the drop-in decides", "",
-             f"Written by `benchmarks/decisions.py` ({data['when']}) on {data['machine']}.",
+             f"Written by `benchmarks/decisions.py` ({data['when']}, commit {data.get('commit', 'unknown')})"
+             f" on {data['machine']}.",
              "See NOTE [ Decision power ] in the script for what each figure is.", ""]
     for mode, block in data["modes"].items():
         s = block["summary"]
@@ -246,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     folder = out_folder(args, "autotune-decisions-") / "results" / "decisions"
     folder.mkdir(parents=True, exist_ok=True)
     grid = [(w, s) for w in WORKLOADS for s in WRITTEN] if not args.quick else [("latency", "nothing")]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
     data: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": describe_machine(),
-                            "modes": {}}
+                            "commit": commit, "modes": {}}
     for mode in args.modes.split(","):
         runs = []
         with cpu_hog(enabled=mode == "loaded") as hog:
