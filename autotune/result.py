@@ -142,11 +142,11 @@ class TuneResult:
         """``1.42x (90% interval 1.31-1.55x)``, or ``None`` without a baseline."""
         if self.speedup is None:
             return None
-        if self.kept_baseline and self.challenger is not None:
-            verdict = "undecided" if self.undecided else "not faster"
-            return f"{self.speedup:.2f}x, your settings kept ({verdict}: {self.challenger})"
         if self.kept_baseline:
-            return f"{self.speedup:.2f}x, your settings kept (no other configuration was measured)"
+            # What the best other configuration measured is ``challenger`` and ``decision``'s.
+            why = ("undecided" if self.undecided else "nothing faster" if self.challenger is not None
+                   else "nothing else measured")
+            return f"{self.speedup:.2f}x, your settings kept ({why})"
         if self.speedup_low is None or self.speedup_high is None or not math.isfinite(self.speedup_high):
             return f"{self.speedup:.2f}x (no interval: too few repeated measurements)"
         return (f"{self.speedup:.2f}x ({interval_label(self.confidence or 0.95)}"

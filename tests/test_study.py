@@ -148,5 +148,7 @@ def test_a_leader_still_undecided_when_the_budget_ends_says_so() -> None:
     d = outcome.decision
     assert d.kept_baseline and d.undecided
     assert "undecided" in d.reason and "more round" in d.reason
-    text = from_decision(d, outcome.trials).speedup_text()
-    assert text is not None and text.startswith("1.00x, your settings kept (undecided: bs=8 w=1")
+    result = from_decision(d, outcome.trials)
+    assert result.speedup_text() == "1.00x, your settings kept (undecided)"
+    assert result.challenger is not None and result.challenger.startswith("bs=8 w=1")
+    assert "interval" in result.challenger
