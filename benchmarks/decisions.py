@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from benchmarks.harness import describe_machine, fill_in, load_average, out_folder  # noqa: E402
 from benchmarks.hog import cpu_hog  # noqa: E402
+from benchmarks.training import train  # noqa: E402
 
 EPOCHS = 4
 """Epochs of the user's loop and of the drop-in's: a short run, where deciding early matters."""
@@ -101,16 +102,6 @@ def _make(workload: str) -> tuple[Any, Any]:
     return {"latency": (Latency(), light), "cpu": (Cpu(), light), "step-bound": (Cheap(), heavy)}[workload]
 
 
-def _epochs(loader: Any, step: Any, n: int) -> list[float]:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        for batch in loader:
-            step(batch)
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 def child(workload: str, written: str) -> dict[str, Any]:
     import torch.utils.data as tud
 
@@ -122,24 +113,24 @@ def child(workload: str, written: str) -> dict[str, Any]:
 
     ds, step = _make(workload)
     kw: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, **WRITTEN[written]}
-    user = _epochs(tud.DataLoader(ds, **kw), step, EPOCHS)
+    user = train(tud.DataLoader(ds, **kw), step, EPOCHS)
     loader = RunLoader(ds, epochs=EPOCHS, **kw)
     tuned, settled_in = [], None
     for epoch in range(EPOCHS):
-        tuned += _epochs(loader, step, 1)
+        tuned += train(loader, step, 1)
         if settled_in is None and loader.settled:
             settled_in = epoch + 1
     result = loader.tuning
     loader.close()
     oracle = {}
     for w in ORACLE_WORKERS:
-        oracle[f"w={w}"] = _epochs(tud.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=w),
+        oracle[f"w={w}"] = train(tud.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=w),
                                    step, 2)[1]
-    users_second = _epochs(tud.DataLoader(ds, **kw), step, 2)[1]
+    users_second = train(tud.DataLoader(ds, **kw), step, 2)[1]
     check = None
     if result is not None:
         made = result.make_loader(ds, shuffle=True)
-        check = _epochs(made, step, 2)[1]
+        check = train(made, step, 2)[1]
         made.close()
     best = min(oracle.values())
     decision = "none"
