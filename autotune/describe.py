@@ -7,12 +7,10 @@ read without it.
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 import sys
-import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 MAX_ITEMS = 16
@@ -30,54 +28,6 @@ def dataset_length(dataset: Any) -> int | None:
         return int(len(dataset))
     except (TypeError, NotImplementedError):
         return None
-
-
-RNG_STATE_NAMES = frozenset({"manual_seed", "seed", "set_rng_state", "fork_rng", "setstate",
-                             "set_state", "initial_seed"})
-"""Names whose use in a dataset's code sets or restores the process-wide random state (torch's,
-``random``'s, NumPy's): torchvision's ``FakeData`` seeds torch per index and restores it after."""
-
-_CALLS_FOLLOWED = 3
-"""Levels of the dataset's own methods followed from ``__getitem__`` when looking for those names."""
-
-
-def reseeds_global_rng(dataset: Any) -> bool:
-    """Whether loading a sample may set the process-wide random state (NOTE [ Speed only ] in
-    loader.py): thread workers share it, so two threads doing so at once change each other's
-    samples, where worker processes, each with its own, do not. Read from the code of the dataset's
-    ``__getitem__``/``__getitems__`` and the methods of its own class they call (not run); a dataset
-    whose code cannot be read counts as one that may."""
-    cls = type(dataset)
-    seen: set[types.CodeType] = set()
-    todo: list[tuple[Any, int]] = [(getattr(cls, name, None), 0) for name in ("__getitem__", "__getitems__")]
-    while todo:
-        func, depth = todo.pop()
-        if func is None:
-            continue
-        code = getattr(inspect.unwrap(func), "__code__", None)
-        if code is None:
-            if isinstance(func, (types.BuiltinFunctionType, types.WrapperDescriptorType,
-                                 types.MethodWrapperType, types.MethodDescriptorType)):
-                continue  # a C method (a list's __getitem__): no Python code to set anything
-            return True
-        for c in _codes(code):
-            if c in seen:
-                continue
-            seen.add(c)
-            if RNG_STATE_NAMES.intersection(c.co_names):
-                return True
-            if depth < _CALLS_FOLLOWED:
-                todo.extend((getattr(cls, name, None), depth + 1) for name in c.co_names
-                            if callable(getattr(cls, name, None)))
-    return False
-
-
-def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
-    """``code`` and the code of the functions, lambdas and comprehensions defined inside it."""
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _codes(const)
 
 
 def qualname(obj: Any) -> str:

@@ -27,7 +27,6 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from . import distributed, fingerprint, preflight, profiles, shm
 from . import pretransform as pt
-from .describe import reseeds_global_rng
 from .exceptions import AutotuneWarning, ConfigurationError
 from .machine import (
     CpuSnapshot,
@@ -37,6 +36,7 @@ from .machine import (
     memory_available_bytes,
     shm_free_bytes,
 )
+from .pretransform.fresh import reseeds_global_rng
 from .pretransform.split import rng_preserved
 from .space import Candidate, SearchSpace, build_space, check_bound, resolve_batch_sizes, resolve_in_order
 from .study import SearchSettings

@@ -14,7 +14,6 @@ from autotune.describe import (
     describe_sample,
     jsonable,
     qualname,
-    reseeds_global_rng,
     sample_text,
     strip_addresses,
 )
@@ -59,34 +58,3 @@ def test_dataset_length_is_none_without_a_length() -> None:
 
     assert dataset_length([1, 2, 3]) == 3 and dataset_length(Stream()) is None
 
-
-class _SeedsInAHelper(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 4
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self._draw(i)
-
-    def _draw(self, i: int) -> torch.Tensor:
-        with torch.random.fork_rng():
-            torch.manual_seed(i)
-            return torch.rand(2)
-
-
-class _DrawsOnly(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 4
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.rand(2) + i  # draws from the global RNG, never sets it
-
-
-def test_a_dataset_that_sets_the_global_random_state_per_sample_is_found_from_its_code() -> None:
-    import torchvision
-
-    # torchvision's FakeData seeds torch per index and restores the state after.
-    assert reseeds_global_rng(torchvision.datasets.FakeData(size=4))
-    assert reseeds_global_rng(_SeedsInAHelper())  # in a method __getitem__ calls
-    assert not reseeds_global_rng(_DrawsOnly())
-    assert not reseeds_global_rng(torch.utils.data.TensorDataset(torch.zeros(4)))
-    assert not reseeds_global_rng([1, 2, 3])  # a list's __getitem__ is C code

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 import autotune
 from autotune import pretransform as pt
 from autotune.exceptions import StaleCacheWarning
+from autotune.pretransform.fresh import reseeds_global_rng
 from autotune.space import Candidate
 
 CPU = torch.device("cpu")
@@ -374,3 +375,35 @@ def test_a_listed_file_rewritten_between_epochs_makes_the_cache_stale(tmp_path: 
         rebuilt = pt.prepare(ds, "ram", device=CPU)
     assert torch.equal(torch.cat([rebuilt.dataset[i] for i in range(24)]),
                        torch.tensor([2.0 * (100.0 + i) for i in range(24)]))
+
+
+class _SeedsInAHelper(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self._draw(i)
+
+    def _draw(self, i: int) -> torch.Tensor:
+        with torch.random.fork_rng():
+            torch.manual_seed(i)
+            return torch.rand(2)
+
+
+class _DrawsOnly(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.rand(2) + i  # draws from the global RNG, never sets it
+
+
+def test_a_dataset_that_sets_the_global_random_state_per_sample_is_found_from_its_code() -> None:
+    import torchvision
+
+    # torchvision's FakeData seeds torch per index and restores the state after.
+    assert reseeds_global_rng(torchvision.datasets.FakeData(size=4))
+    assert reseeds_global_rng(_SeedsInAHelper())  # in a method __getitem__ calls
+    assert not reseeds_global_rng(_DrawsOnly())
+    assert not reseeds_global_rng(torch.utils.data.TensorDataset(torch.zeros(4)))
+    assert not reseeds_global_rng([1, 2, 3])  # a list's __getitem__ is C code

@@ -399,6 +399,30 @@ def code_reads(owner: type, entry_points: Sequence[str]) -> CodeReads:
     return CodeReads(functions, frozenset(names), frozenset(stored), found)
 
 
+RNG_STATE_NAMES = frozenset({"manual_seed", "seed", "set_rng_state", "fork_rng", "setstate",
+                             "set_state", "initial_seed"})
+"""Names whose use in a dataset's code sets or restores the process-wide random state (torch's,
+``random``'s, NumPy's): torchvision's ``FakeData`` seeds torch per index and restores it after."""
+
+_ITEM_METHODS = ("__getitem__", "__getitems__")
+
+
+def reseeds_global_rng(dataset: Any) -> bool:
+    """Whether loading a sample may set the process-wide random state (NOTE [ Speed only ] in
+    loader.py): thread workers share it, so two threads doing so at once change each other's
+    samples, where worker processes, each with its own, do not. Read from the code ``code_reads``
+    follows from ``__getitem__``/``__getitems__`` (not run); an item method whose code cannot be
+    read (an extension's) counts as one that may, a C container's (a list's) as one that does not."""
+    cls = type(dataset)
+    for name in _ITEM_METHODS:
+        found = getattr(cls, name, None)
+        if found is not None and _function(cls, name) is None and not isinstance(
+                found, (types.BuiltinFunctionType, types.WrapperDescriptorType,
+                        types.MethodWrapperType, types.MethodDescriptorType)):
+            return True
+    return bool(RNG_STATE_NAMES & code_reads(cls, _ITEM_METHODS).names)
+
+
 def _function(owner: type, name: str) -> types.FunctionType | None:
     """The plain function behind ``owner.name`` (a method, static or class method, property)."""
     for klass in owner.__mro__:
