@@ -508,20 +508,84 @@ def _worker_death(dead: list[tuple[int, int]]) -> WorkerFailed | None:
     )
 
 
-def start_iterator(loader: Any) -> Any:
-    """``iter(loader)``, leaving no worker process behind when it is cut short.
+# NOTE [ Ctrl-C at worker start ]
+# Starting a worker process forks, and in the parent Python then runs the fork hooks that modules
+# registered (logging releases its lock there). A Ctrl-C whose handler runs inside such a hook raises
+# KeyboardInterrupt where Python can only print "Exception ignored" and drop it: the training goes on
+# as if the key had not been pressed. Torch's own loader has that window once an epoch (a loop of
+# short epochs with two workers lost 3 Ctrl-Cs of 10); a tuning loader starts workers more often.
+# So while an iterator starts its workers, SIGINT's handler only notes the signal; once the start
+# is over, the handler that was in place (Python's KeyboardInterrupt, or the user's own) runs with
+# it, and where it raises, the new iterator is shut down before the exception goes on. A worker
+# forked meanwhile gets that handler back at once (an at-fork hook), as torch's workers have it.
 
-    Torch starts the workers one by one inside the iterator's constructor. An exception there (a
-    Ctrl-C most often) leaves a half-built iterator: its finalizer fails on what was not built yet,
-    and a worker started but not yet noted in its list outlives the call. Here the half-built
-    iterator is found in the exception's traceback and its workers stopped before the exception goes
-    on; torch's own finalizer is then skipped, since there is nothing left for it to do.
-    """
+
+class _HeldInterrupt:
+    """SIGINT's handler while workers start: notes the signal for ``previous`` to handle after."""
+
+    def __init__(self, previous: Callable[[int, Any], Any]) -> None:
+        self.previous = previous
+        self.caught: tuple[int, Any] | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.caught is None:
+            self.caught = (signum, frame)
+
+
+def _restore_interrupt_in_child() -> None:
+    handler = signal.getsignal(signal.SIGINT)
+    if isinstance(handler, _HeldInterrupt):
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGINT, handler.previous)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_restore_interrupt_in_child)
+
+
+@contextlib.contextmanager
+def interrupt_held() -> Iterator[None]:
+    """Hold a Ctrl-C back for the block and deliver it after (NOTE [ Ctrl-C at worker start ])."""
+    previous = signal.getsignal(signal.SIGINT)
+    if (threading.current_thread() is not threading.main_thread() or not callable(previous)
+            or isinstance(previous, _HeldInterrupt)):
+        yield  # not the main thread, no Python handler to lose, or held already
+        return
+    held = _HeldInterrupt(previous)
+    signal.signal(signal.SIGINT, held)
     try:
-        return iter(loader)
-    except BaseException as err:
-        _stop_half_built(err.__traceback__)
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held.caught is not None:
+            signum, frame = held.caught
+            held.caught = None
+            previous(signum, frame)
+
+
+def start_iterator(loader: Any) -> Any:
+    """``iter(loader)``, leaving no worker process behind when it is cut short, and losing no Ctrl-C.
+
+    Torch starts the workers one by one inside the iterator's constructor. An exception there leaves
+    a half-built iterator: its finalizer fails on what was not built yet, and a worker started but
+    not yet noted in its list outlives the call. Here the half-built iterator is found in the
+    exception's traceback and its workers stopped before the exception goes on; torch's own
+    finalizer is then skipped, since there is nothing left for it to do. A Ctrl-C during the start is
+    held until it is over (NOTE [ Ctrl-C at worker start ]), then stops the new iterator too.
+    """
+    it = None
+    try:
+        with interrupt_held():
+            try:
+                it = iter(loader)
+            except BaseException as err:
+                _stop_half_built(err.__traceback__)
+                raise
+    except BaseException:
+        if it is not None:
+            stop_iterator(it)
         raise
+    return it
 
 
 def _stop_half_built(tb: Any) -> None:
