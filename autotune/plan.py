@@ -101,6 +101,8 @@ class Plan:
     """``persistent_workers`` as the user fixed it (``None``: decided by the epochs)."""
     baseline: dict[str, Any] | None = None
     """The DataLoader settings the user runs, to measure against (``None``: PyTorch's defaults)."""
+    pinned: bool = False
+    """Whether the user fixed ``pin_memory=True`` (SearchSpace's ``pinned``)."""
     read_samples: bool = True
     """Whether planning may read samples in this process (not for the drop-in: NOTE [ The drop-in's
     contract ] in loader.py)."""
@@ -144,6 +146,7 @@ class Plan:
             thread_workers=not self.iterable, max_threads=self.max_threads,
             in_order_choices=resolve_in_order(self.in_order, shuffle=self.shuffle and not self.iterable),
             persistent=self.persistent, sample_bytes=sample_bytes, shm_free_bytes=free,
+            pinned=self.pinned,
         )
         return space, refused
 
@@ -292,6 +295,7 @@ def make_plan(
         key=fingerprint.profile_key(machine.fingerprint(), workload), excluded=excluded,
         started_at=started, cpu_at_start=cpu_at_start, persistent=persistent,
         baseline=dict(baseline) if baseline else None, read_samples=read_samples,
+        pinned=bool((fixed or {}).get("pin_memory")),
     )
 
 

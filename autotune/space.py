@@ -211,6 +211,9 @@ class SearchSpace:
     shm_free_bytes: int | None = None
     """The free space of /dev/shm the workers' batches may take, read when the space was made
     (``None``: no /dev/shm)."""
+    pinned: bool = False
+    """``pin_memory=True`` as the user wrote it, kept on every candidate: without CUDA torch pins
+    nothing (it warns), and the search is not refused for the user's own setting."""
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
@@ -282,7 +285,7 @@ class SearchSpace:
         if c.in_order not in self.in_order_choices:
             return ("in_order=False: out-of-order delivery is searched only where the order of batches"
                     " does not matter")
-        if c.pin_memory and not self.cuda:
+        if c.pin_memory and not self.cuda and not self.pinned:
             return "pin_memory needs CUDA"
         if c.pretransform not in self.pretransforms and c.pretransform != "none":
             reason = self.excluded.get(f"pretransform={c.pretransform}", "not available")
@@ -467,6 +470,7 @@ def build_space(
     persistent: bool | None = None,
     sample_bytes: int | None = None,
     shm_free_bytes: int | None = None,
+    pinned: bool = False,
 ) -> SearchSpace:
     """The space for this machine and the user's fixed choices.
 
@@ -474,7 +478,8 @@ def build_space(
     says whether thread workers apply (map-style datasets), ``max_threads`` bounds them below the
     machine's :func:`thread_bound`; ``in_order_choices`` comes from :func:`resolve_in_order`;
     ``persistent`` is ``persistent_workers`` as the user fixed it (``None``: more than one epoch);
-    ``sample_bytes`` and ``shm_free_bytes`` bound the worker processes by /dev/shm (SearchSpace's).
+    ``sample_bytes`` and ``shm_free_bytes`` bound the worker processes by /dev/shm (SearchSpace's);
+    ``pinned``: the user wrote ``pin_memory=True`` (SearchSpace's).
     """
     sizes, baseline = resolve_batch_sizes(batch_size, dataset_len)
     bound = worker_bound(machine.usable_cpus, local_world_size)
@@ -501,6 +506,7 @@ def build_space(
         in_order_choices=(True, False) if False in tuple(in_order_choices) else (True,),
         sample_bytes=sample_bytes,
         shm_free_bytes=shm_free_bytes,
+        pinned=pinned,
     )
 
 

@@ -290,6 +290,23 @@ def test_a_written_worker_count_still_has_the_torch_thread_counts_tried() -> Non
     assert all(space.check(c) is None for c in others)
 
 
+def test_pin_memory_written_without_cuda_still_has_the_other_settings_searched() -> None:
+    # Torch pins nothing without CUDA (it warns), so the search never proposes pinning there; but
+    # pin_memory=True written is on every candidate, and was the reason each one was refused.
+    base = Candidate(32, num_workers=2, prefetch_factor=2, pin_memory=True)
+    fixed = {"num_workers": 2, "worker_kind": "process", "pin_memory": True}
+    for pinned in (False, True):
+        space = replace(SPACE, torch_threads=(1, 2), persistent=False, pretransforms=("none", "ram"),
+                        pinned=pinned)
+        ex = Explorer(space, base, Ledger(50_000, 10), allowed_fields=fixed, shared_cache=True, cpus=2)
+        others = [c for c in serve_alike(ex) if c != base]
+        if not pinned:
+            assert others == [], others
+            continue
+        assert {c.pretransform for c in others} == {"none", "ram"}, others
+        assert all(c.pin_memory and c.num_workers == 2 and space.check(c) is None for c in others)
+
+
 # -- the stretch's measured window (NOTE [ Bursts ] in epochs.py) ------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -114,3 +115,11 @@ def test_the_cache_budget_is_within_the_memory_budget() -> None:
 
     assert ram_cache_budget(process_memory() + 1000) <= 1000
     assert ram_cache_budget(None) > 0
+
+
+def test_pin_memory_written_is_feasible_without_cuda_and_never_proposed_there() -> None:
+    pinned = Candidate(8, num_workers=2, prefetch_factor=2, pin_memory=True)
+    written, _ = make_plan(Counted(), None, **ARGS, fixed={"pin_memory": True}).space(sample_bytes=12)
+    searched, _ = make_plan(Counted(), None, **ARGS).space(sample_bytes=12)
+    assert written.check(replace(pinned, persistent_workers=written.persistent)) is None
+    assert searched.check(replace(pinned, persistent_workers=searched.persistent)) == "pin_memory needs CUDA"
