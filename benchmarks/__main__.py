@@ -1,5 +1,5 @@
-"""``python -m benchmarks``: see benchmarks/run.py."""
+"""``python -m benchmarks``: the suite, benchmarks/scripts/suite.py."""
 
-from benchmarks.run import main
+from benchmarks.scripts.suite import main
 
 raise SystemExit(main())

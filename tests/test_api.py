@@ -214,7 +214,7 @@ def test_the_cifar_shaped_workload_measures_the_ram_cache_and_serves_it(no_leake
     from autotune.space import Candidate
     from autotune.workloads import CIFAR10Like, cifar_train_transform
 
-    # Whether the cache wins is a measurement (benchmarks/RESULTS.md); here it is tried and served.
+    # Whether the cache wins is measured in benchmarks/results/suite/SUITE.md; here it is tried and served.
     data = CIFAR10Like(2048, transform=cifar_train_transform())
     result = tune_loader(data, batch_size=64, budget_s=12, progress=False, cache=False, max_workers=1)
     ram = [t for t in result.trials if t.candidate.pretransform == "ram"]

@@ -1,6 +1,6 @@
 """The benchmark suite runs end to end and records every figure; its helpers do what the protocol says.
 
-The figures themselves are not checked here (speed claims live in benchmarks/RESULTS.md): ``--quick``
+The figures themselves are not checked here (speed claims live in benchmarks/results/): ``--quick``
 only proves that every workload and every configuration is measured and written out.
 """
 
@@ -20,9 +20,11 @@ import pytest
 import torch
 
 from autotune.space import Candidate
-from benchmarks import run, suite  # the checkout's root is on pytest's pythonpath (pyproject)
+from benchmarks.scripts import suite  # the checkout's root is on pytest's pythonpath (pyproject)
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+RESULTS = BENCHMARKS / "results"
 
 CONFIGS = ("default", "workers=cpus", "rule-of-thumb", "over-provisioned", "tuned", "grid #1")
 
@@ -34,7 +36,7 @@ def test_quick_run_measures_every_workload_and_config(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads((out / "results.json").read_text())
+    data = json.loads((out / suite.FIGURES).read_text())
     assert list(data["workloads"]) == list(suite.WORKLOAD_NAMES)
     assert data["meta"]["quick"] is True
     for name, result in data["workloads"].items():
@@ -50,26 +52,26 @@ def test_quick_run_measures_every_workload_and_config(tmp_path: Path) -> None:
         for key in ("tuned_over_oracle", "tuned_over_default", "tuned_over_best_heuristic",
                     "tuning_over_grid_time"):
             assert result["headline"][key] is not None, (name, key)
-    report = (out / "RESULTS.md").read_text()
+    report = (out / suite.PAGE).read_text()
     for name in suite.WORKLOAD_NAMES:
         assert f"### {name}" in report
-    assert (out / "results.png").stat().st_size > 0
+    assert (out / suite.PLOT).stat().st_size > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
 def test_gpu_mode_without_cuda_skips_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run.main(["--gpu", "--out", str(tmp_path / "bench")]) == 0
+    assert suite.main(["--gpu", "--out", str(tmp_path / "bench")]) == 0
     assert "CUDA is not available" in capsys.readouterr().out
     assert not (tmp_path / "bench").exists()  # nothing measured, nothing written
 
 
 def _record_writes(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Stand-ins for the measuring and the writing: the paths ``run.main`` would write, in order.
+    """Stand-ins for the measuring and the writing: the paths ``suite.main`` would write, in order.
 
     What is measured does not matter here, only where it goes; the real run is
     test_quick_run_measures_every_workload_and_config.
     """
-    from benchmarks import output
+    from benchmarks._common import output
 
     written: list[Path] = []
 
@@ -90,38 +92,84 @@ def test_quick_run_leaves_the_committed_results_alone(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     written = _record_writes(monkeypatch)
-    assert run.main(["--quick", "--workload", "tensor"]) == 0
+    assert suite.main(["--quick", "--workload", "tensor"]) == 0
     names = {p.name for p in written}
-    assert names == {"results.json", "RESULTS.md", "results.png"}
+    assert names == {suite.FIGURES, suite.PAGE, suite.PLOT}
     # A smoke run's figures mean nothing: they go to a temporary folder, never over benchmarks/.
     for path in written:
-        assert ROOT / "benchmarks" not in path.parents, path
-        assert path.parent.name.startswith(run.QUICK_OUT_PREFIX), path
+        assert BENCHMARKS not in path.parents, path
+        assert path.parent.name.startswith(suite.QUICK_OUT_PREFIX), path
     assert str(written[0].parent) in capsys.readouterr().out  # the run says where it wrote
     written[0].parent.rmdir()  # the stand-ins wrote nothing into it
 
 
 def test_explicit_out_wins_over_the_quick_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     written = _record_writes(monkeypatch)
-    assert run.main(["--quick", "--workload", "tensor", "--out", str(tmp_path / "bench")]) == 0
+    assert suite.main(["--quick", "--workload", "tensor", "--out", str(tmp_path / "bench")]) == 0
     assert {p.parent for p in written} == {tmp_path / "bench"}
 
 
 def test_a_full_run_writes_the_committed_results_by_default() -> None:
-    assert run.out_folder(run.parse_args([])) == ROOT / "benchmarks"
+    assert suite.out_folder(suite.parse_args([])) == RESULTS / "suite"
+    assert suite.out_folder(suite.parse_args(["--gpu"])) == RESULTS / "suite" / "gpu"
+    # Rendering again writes beside the figures it reads.
+    figures = RESULTS / "suite" / "gpu" / suite.FIGURES
+    assert suite.out_folder(suite.parse_args(["--from-json", str(figures)])) == figures.parent
 
 
-def test_script_entry_point_finds_the_package() -> None:
-    # ``python benchmarks/run.py`` puts benchmarks/ on sys.path, not the repository root.
-    proc = subprocess.run([sys.executable, "benchmarks/run.py", "--help"], cwd=ROOT,
+SCRIPTS = sorted(p.stem for p in (BENCHMARKS / "scripts").glob("*.py") if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_runs_from_its_path(script: str) -> None:
+    # ``python benchmarks/scripts/x.py`` puts benchmarks/scripts/ on sys.path, not the repository root.
+    proc = subprocess.run([sys.executable, f"benchmarks/scripts/{script}.py", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "--quick" in proc.stdout
+    assert "usage:" in proc.stdout
+
+
+def test_python_m_benchmarks_is_the_suite() -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--quick" in proc.stdout and "--gpu" in proc.stdout
+
+
+def test_every_results_folder_is_one_scripts_page_and_figures() -> None:
+    # benchmarks/results/<name>/ is written by benchmarks/scripts/<name>.py alone: its page and its JSON.
+    folders = sorted(p for p in RESULTS.iterdir() if p.is_dir())
+    assert folders, RESULTS
+    for folder in folders:
+        assert folder.name in SCRIPTS, f"{folder} has no script benchmarks/scripts/{folder.name}.py"
+        names = {p.name for p in folder.iterdir()}
+        assert {f"{folder.name.upper()}.md", f"{folder.name}.json"} <= names, folder
+    assert len(list(BENCHMARKS.iterdir())) - (BENCHMARKS / "__pycache__").exists() <= 10
+
+
+@pytest.mark.parametrize("script, folder", [
+    ("suite", "suite"), ("suite", "suite/gpu"), ("parallelism", "parallelism"), ("fill", "fill"),
+    ("ranks", "ranks"),
+])
+def test_committed_pages_are_what_their_script_writes_from_the_figures(
+    script: str, folder: str, tmp_path: Path
+) -> None:
+    committed = RESULTS / folder
+    page = next(committed.glob("[A-Z]*.md"))
+    figures = tmp_path / f"{script}.json"
+    figures.write_bytes((committed / figures.name).read_bytes())
+    option = "--from-json" if script == "suite" else "--render"
+    proc = subprocess.run([sys.executable, f"benchmarks/scripts/{script}.py", option, str(figures)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / page.name).read_text() == page.read_text()
 
 
 def test_rounds_rotate_so_every_config_leads_once() -> None:
     items = ["a", "b", "c"]
-    orders = [suite.rotated(items, r) for r in range(3)]
+    from benchmarks._common.stats import rotated
+
+    orders = [rotated(items, r) for r in range(3)]
     assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
     assert {o[0] for o in orders} == set(items)
 
@@ -167,7 +215,7 @@ def test_time_target_is_an_upper_bound_and_the_others_lower_bounds() -> None:
 
 
 def test_a_missed_time_target_says_where_the_tuning_time_went() -> None:
-    from benchmarks import output
+    from benchmarks._common import output
 
     headline = {"tuned_over_oracle": 1.0, "tuned_over_default": 2.0,
                 "tuned_over_best_heuristic": 1.5, "tuning_over_grid_time": 0.3}
@@ -190,14 +238,15 @@ def test_a_missed_time_target_says_where_the_tuning_time_went() -> None:
 
 
 def _quick(script: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, f"benchmarks/{script}", "--quick", "--out", str(out), *args],
+    proc = subprocess.run([sys.executable, f"benchmarks/scripts/{script}", "--quick", "--out", str(out),
+                           *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
 def test_training_quick_run_records_both_modes_and_stops_its_hog(tmp_path: Path) -> None:
-    from benchmarks import training
+    from benchmarks.scripts import training
 
     _quick("training.py", tmp_path)
     data = json.loads((tmp_path / "training.json").read_text())
@@ -221,25 +270,25 @@ def test_training_quick_run_records_both_modes_and_stops_its_hog(tmp_path: Path)
     assert "Quick mode" in report and "| no-gain | loaded |" in report
 
 
-def test_run_seed_quick_run_checks_the_reported_speedup_for_both_scripts(tmp_path: Path) -> None:
-    from benchmarks import run_seed
+def test_autotune_run_quick_run_checks_the_reported_speedup_for_both_scripts(tmp_path: Path) -> None:
+    from benchmarks.scripts import autotune_run
 
-    _quick("run_seed.py", tmp_path)
-    data = json.loads((tmp_path / "run.json").read_text())
-    assert data["quick"] is True and data["parts"] == list(run_seed.PARTS)
-    assert [c["workers"] for c in data["speedup"]] == list(run_seed.CHECK_WORKERS)
+    _quick("autotune_run.py", tmp_path)
+    data = json.loads((tmp_path / "autotune_run.json").read_text())
+    assert data["quick"] is True and data["parts"] == list(autotune_run.PARTS)
+    assert [c["workers"] for c in data["speedup"]] == list(autotune_run.CHECK_WORKERS)
     for check in data["speedup"]:
         # Whatever the report decided, both settings were measured in every round.
         assert len(check["samples_per_s"]["script"]) == len(check["samples_per_s"]["reported"]) == 1
         assert check["measured"]["ratio"] > 0
         # Nothing reported (a baseline too big to measure in a tiny epoch) is a missed target, not a pass.
         assert check["met"] is (check["reported"] is not None and check["met"])
-    report = (tmp_path / "RUN.md").read_text()
+    report = (tmp_path / "AUTOTUNE_RUN.md").read_text()
     assert "Quick mode" in report and "## 4. The reported speed-up" in report
 
 
 def test_repeat_quick_run_tunes_and_remeasures_with_both_drivers(tmp_path: Path) -> None:
-    from benchmarks import repeat
+    from benchmarks.scripts import repeat
 
     _quick("repeat.py", tmp_path)
     data = json.loads((tmp_path / "repeat.json").read_text())
@@ -264,7 +313,7 @@ def test_startup_quick_run_measures_both_arms(tmp_path: Path) -> None:
 
 
 def test_spin_quick_run_measures_every_arm_in_its_own_process_and_stops_its_hog(tmp_path: Path) -> None:
-    from benchmarks import spin
+    from benchmarks.scripts import spin
 
     _quick("spin.py", tmp_path)
     data = json.loads((tmp_path / "spin.json").read_text())
@@ -276,28 +325,28 @@ def test_spin_quick_run_measures_every_arm_in_its_own_process_and_stops_its_hog(
 
 
 def test_spin_arms_run_as_they_say() -> None:
-    from benchmarks import spin
+    from benchmarks.scripts import spin
 
     assert spin.run_arm("passive", 1)["omp_wait_policy"] == "PASSIVE"
     one = spin.run_arm("threads=1", 1)
     assert one["torch_threads"] == 1 and one["omp_wait_policy"] is None
 
 
-@pytest.mark.parametrize("script", ["training", "run_seed", "repeat", "startup", "spin"])
-def test_focused_benchmarks_write_beside_themselves_unless_quick(script: str) -> None:
+@pytest.mark.parametrize("script", ["training", "autotune_run", "repeat", "startup", "spin"])
+def test_focused_benchmarks_write_their_results_folder_unless_quick(script: str) -> None:
     import importlib
 
-    module = importlib.import_module(f"benchmarks.{script}")
-    assert module.out_folder(module.parse_args([])) == ROOT / "benchmarks"
+    module = importlib.import_module(f"benchmarks.scripts.{script}")
+    assert module.out_folder(module.parse_args([])) == RESULTS / script
     assert module.out_folder(module.parse_args(["--out", "elsewhere"])) == Path("elsewhere")
     quick = module.out_folder(module.parse_args(["--quick"]))
     # A smoke run's figures mean nothing: a new temporary folder, never benchmarks/.
-    assert quick.name.startswith(module.QUICK_OUT_PREFIX) and ROOT / "benchmarks" not in quick.parents
+    assert quick.name.startswith(module.QUICK_OUT_PREFIX) and BENCHMARKS not in quick.parents
     quick.rmdir()
 
 
 def test_paired_interval_is_students_t_on_the_log_ratios() -> None:
-    from benchmarks.stats import paired_interval
+    from benchmarks._common.stats import paired_interval
 
     # Per-round log ratios 0.1, 0.2, 0.3: mean 0.2, standard deviation 0.1, three rounds, so the
     # interval is exp(0.2 -+ 2.920 * 0.1 / sqrt(3)) (t with two degrees of freedom, one-sided 95 %).
@@ -315,7 +364,7 @@ def test_paired_interval_is_students_t_on_the_log_ratios() -> None:
 
 
 def test_cpu_hog_burns_a_core_and_is_killed_when_the_block_raises() -> None:
-    from benchmarks.hog import cpu_hog
+    from benchmarks._common.hog import cpu_hog
 
     with pytest.raises(RuntimeError, match="the benchmark failed"), cpu_hog() as record:
         pid = record["pid"]
@@ -333,7 +382,7 @@ def test_cpu_hog_burns_a_core_and_is_killed_when_the_block_raises() -> None:
 
 def test_cpu_hog_ends_by_itself_when_its_parent_dies_without_cleaning_up() -> None:
     # A benchmark killed outright runs no `finally`: the hog notices its parent is gone.
-    code = ("import os, sys\nfrom benchmarks.hog import cpu_hog\n"
+    code = ("import os, sys\nfrom benchmarks._common.hog import cpu_hog\n"
             "with cpu_hog() as r:\n    print(r['pid'], flush=True)\n    os._exit(0)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
@@ -358,7 +407,7 @@ def _runs(users: float, dropin: float, tune: float, oracle: float, second: float
 
 
 def test_training_targets_use_the_median_over_repeats_and_the_quiet_only_oracle_bound() -> None:
-    from benchmarks import training
+    from benchmarks.scripts import training
 
     repeats = [_runs(100, 101, 120, 90, 91), _runs(100, 110, 120, 90, 90), _runs(100, 100, 120, 90, 92)]
     quiet = training.summarise(repeats, "quiet")
@@ -372,7 +421,7 @@ def test_training_targets_use_the_median_over_repeats_and_the_quiet_only_oracle_
 
 
 def test_repeatability_counts_the_differing_picks_and_judges_them_against_the_fastest() -> None:
-    from benchmarks import repeat
+    from benchmarks.scripts import repeat
 
     a, b, base = Candidate(64, 2, prefetch_factor=2), Candidate(64, 3, prefetch_factor=2), Candidate(64)
     tunings = [{"pick": c.to_dict(), "label": c.label()} for c in (a, a, b, a)]

@@ -2,7 +2,7 @@
 
 Each test runs a small script in a child process inside the limit: a private mount namespace whose
 /dev/shm is a 64 MiB tmpfs (Docker's default), or a child cgroup with a memory limit, made by the
-helpers the containers benchmark uses (benchmarks/containers.py). They skip, with the reason, where
+helpers the containers benchmark uses (benchmarks/scripts/containers.py). They skip, with the reason, where
 the limit cannot be made (not root, no unshare, no such controller). The host's /dev/shm is never
 touched: the tmpfs goes with the child's namespace.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benchmarks.containers import Unavailable, child_cgroup, in_cgroup, small_shm
+from benchmarks.scripts.containers import Unavailable, child_cgroup, in_cgroup, small_shm
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}

@@ -38,7 +38,7 @@ from autotune.machine import (
     usable_cpu_count,
 )
 from autotune.space import worker_bound
-from benchmarks.containers import Unavailable, child_cgroup
+from benchmarks.scripts.containers import Unavailable, child_cgroup
 
 GIB = RAM_ROUND_BYTES
 AFFINITY = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

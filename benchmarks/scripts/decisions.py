@@ -1,0 +1,266 @@
+"""How well the drop-in decides: ``python benchmarks/scripts/decisions.py`` (``--quick`` for a smoke run).
+
+Writes DECISIONS.md and decisions.json to ``benchmarks/results/decisions/`` (``--out`` elsewhere;
+``--quick`` writes to a temporary folder unless ``--out`` is given).
+
+# NOTE [ Decision power ]
+# One question: run as a user runs it, does the drop-in find the win that is there, leave alone what
+# has none, cost nothing where it loses, and say what its loop then gets? Each run is a fresh process
+# with an empty profile folder, and in it, on one workload and with the settings a script writes:
+# 1. the user's loop with torch's DataLoader and those settings, EPOCHS epochs (the user's time);
+# 2. the same loop with the drop-in as ``autotune run`` builds it (what is written is its baseline and
+#    is searched around), EPOCHS epochs (the run's time), recording the epoch it settled in and its
+#    decision: a confirmed win (another configuration, with its interval above 1), kept, or undecided;
+# 3. the oracle: every configuration of ORACLE_WORKERS with torch's DataLoader, two epochs each (the
+#    second timed), and the user's settings likewise: the best fixed configuration's gain;
+# 4. a plain loop over ``result.make_loader``: two epochs, the second timed, against the user's
+#    settings' second epoch: what the user's own loop gets from the returned choice, to hold the
+#    tuner's reported speed-up against. The best fixed gain is the larger of the oracle's and this
+#    (the worker grid holds no cache).
+# Run quiet and beside one busy core (NOTE [ Loaded mode ] in _common/hog.py), REPEATS times each. Figures
+# are per run; the summary gives counts and medians, never a single time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks._common.harness import describe_machine, fill_in, load_average, out_folder  # noqa: E402
+from benchmarks._common.hog import cpu_hog  # noqa: E402
+from benchmarks.scripts.training import train  # noqa: E402
+
+EPOCHS = 4
+"""Epochs of the user's loop and of the drop-in's: a short run, where deciding early matters."""
+
+ORACLE_WORKERS = (0, 1, 2, 3, 4)
+"""Worker counts the oracle measures (on 2 CPUs, more only compete)."""
+
+SAMPLES = 2048
+"""Samples per epoch; batches of BATCH."""
+
+BATCH = 32
+
+WIN = 1.3
+"""An oracle gain at least this large is a win that should be found (the issue's bar)."""
+
+NOTHING = 1.05
+"""An oracle gain under this is nothing to win: nothing should change."""
+
+WORKLOADS = ("latency", "cpu", "step-bound")
+WRITTEN: dict[str, dict[str, Any]] = {
+    "nothing": {},
+    "w2": {"num_workers": 2, "pin_memory": True},
+    "w16": {"num_workers": 16},
+}
+
+
+# -- the child: one run ---------------------------------------------------------------------------
+
+def _make(workload: str) -> tuple[Any, Any]:
+    """(dataset, step) of a workload, made in memory."""
+    import torch
+    from torch.utils.data import Dataset
+
+    class Latency(Dataset[Any]):
+        """Each read waits 1 ms (storage), as remote or network file systems do."""
+
+        def __len__(self) -> int:
+            return SAMPLES
+
+        def __getitem__(self, i: int) -> Any:
+            time.sleep(0.001)
+            return torch.full((3, 16, 16), float(i)), i % 10
+
+    class Cpu(Latency):
+        """Each read computes for 0.6 ms (decoding, augmenting)."""
+
+        def __getitem__(self, i: int) -> Any:
+            end = time.perf_counter() + 0.0006
+            while time.perf_counter() < end:
+                pass
+            return torch.full((3, 16, 16), float(i)), i % 10
+
+    class Cheap(Latency):
+        def __getitem__(self, i: int) -> Any:
+            return torch.full((3, 16, 16), float(i)), i % 10
+
+    def light(batch: Any) -> None:
+        time.sleep(0.002)
+
+    def heavy(batch: Any) -> None:
+        time.sleep(0.03)
+
+    return {"latency": (Latency(), light), "cpu": (Cpu(), light), "step-bound": (Cheap(), heavy)}[workload]
+
+
+def child(workload: str, written: str) -> dict[str, Any]:
+    import torch.utils.data as tud
+
+    import autotune
+    from autotune.loader import DataLoader as DropIn
+
+    class RunLoader(DropIn[Any]):
+        explicit_settings_are_fixed = False  # as ``autotune run`` builds it
+
+    ds, step = _make(workload)
+    kw: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, **WRITTEN[written]}
+    user = train(tud.DataLoader(ds, **kw), step, EPOCHS)
+    loader = RunLoader(ds, epochs=EPOCHS, **kw)
+    tuned, settled_in = [], None
+    for epoch in range(EPOCHS):
+        tuned += train(loader, step, 1)
+        if settled_in is None and loader.settled:
+            settled_in = epoch + 1
+    result = loader.tuning
+    loader.close()
+    oracle = {}
+    for w in ORACLE_WORKERS:
+        oracle[f"w={w}"] = train(tud.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=w),
+                                   step, 2)[1]
+    users_second = train(tud.DataLoader(ds, **kw), step, 2)[1]
+    check = None
+    if result is not None:
+        made = result.make_loader(ds, shuffle=True)
+        check = train(made, step, 2)[1]
+        made.close()
+    best = min(oracle.values())
+    decision = "none"
+    if result is not None:
+        decision = ("undecided" if result.undecided else "kept" if result.kept_baseline else "win")
+    return {
+        "workload": workload, "written": written, "user_s": user, "tuned_s": tuned,
+        "run_ratio": sum(tuned) / sum(user), "settled_in_epoch": settled_in,
+        "oracle_s": oracle, "users_epoch_s": users_second,
+        "oracle_gain": users_second / best,
+        "decision": decision,
+        "chosen": result.candidate.label() if result is not None else None,
+        "reported_speedup": result.speedup if result is not None else None,
+        "reported_low": result.speedup_low if result is not None else None,
+        "plain_loop_speedup": users_second / check if check else None,
+        "autotune": autotune.__version__,
+    }
+
+
+# -- the parent: the grid, quiet and loaded -------------------------------------------------------
+
+def _one(workload: str, written: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="autotune-decisions-") as cache:
+        env = {**os.environ, "AUTOTUNE_CACHE_DIR": cache, "PYTHONWARNINGS": "ignore"}
+        proc = subprocess.run([sys.executable, __file__, "--child", workload, written], env=env,
+                              capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        return {"workload": workload, "written": written, "error": proc.stderr[-2000:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def best_gain(r: dict[str, Any]) -> float:
+    """The best fixed configuration measured in the run: the worker grid's, or the returned choice's
+    in a plain loop where that was better (a cache, which the grid does not hold)."""
+    return max(r["oracle_gain"], r["plain_loop_speedup"] or 0.0)
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if "error" not in r]
+    win_cases = [r for r in ok if best_gain(r) >= WIN]
+    none_cases = [r for r in ok if best_gain(r) < NOTHING]
+    agree = [r["reported_speedup"] / r["plain_loop_speedup"] for r in ok
+             if r["decision"] == "win" and r["plain_loop_speedup"]]
+    return {
+        "runs": len(runs), "failed": len(runs) - len(ok),
+        "wins_confirmed": f"{sum(r['decision'] == 'win' for r in win_cases)} of {len(win_cases)}",
+        "changed_with_nothing_to_win": (f"{sum(r['decision'] == 'win' for r in none_cases)}"
+                                        f" of {len(none_cases)}"),
+        "median_run_ratio": statistics.median(r["run_ratio"] for r in ok) if ok else None,
+        "worst_run_ratio": max((r["run_ratio"] for r in ok), default=None),
+        "undecided": sum(r["decision"] == "undecided" for r in ok),
+        "reported_over_plain_loop": ([round(min(agree), 2), round(statistics.median(agree), 2),
+                                      round(max(agree), 2)] if agree else None),
+    }
+
+
+def write_markdown(data: dict[str, Any], path: Path) -> None:
+    lines = ["# How well the drop-in decides", "",
+             f"Written by `benchmarks/scripts/decisions.py` ({data['when']},"
+             f" commit {data.get('commit', 'unknown')}) on {data['machine']}.",
+             "See NOTE [ Decision power ] in the script for what each figure is.", ""]
+    for mode, block in data["modes"].items():
+        s = block["summary"]
+        lines += [f"## {mode}", "",
+                  f"- runs: {s['runs']} ({s['failed']} failed)",
+                  f"- best fixed gain >= {WIN}x: a win confirmed in {s['wins_confirmed']} runs",
+                  f"- best fixed gain < {NOTHING}x: changed in {s['changed_with_nothing_to_win']} runs",
+                  f"- the run's time against the user's settings: median {s['median_run_ratio']:.2f}x,"
+                  f" worst {s['worst_run_ratio']:.2f}x" if s["median_run_ratio"] is not None else "",
+                  f"- undecided at the end: {s['undecided']}",
+                  f"- reported speed-up over a plain loop's, where it won (min, median, max):"
+                  f" {s['reported_over_plain_loop']}", "",
+                  "| workload | written | oracle gain | decision | chosen | settled in epoch | run time"
+                  " vs user's | reported | plain loop |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in block["runs"]:
+            if "error" in r:
+                lines.append(f"| {r['workload']} | {r['written']} | failed | | | | | | |")
+                continue
+            rep = f"{r['reported_speedup']:.2f}x" if r["reported_speedup"] else "-"
+            plain = f"{r['plain_loop_speedup']:.2f}x" if r["plain_loop_speedup"] else "-"
+            lines.append(f"| {r['workload']} | {r['written']} | {r['oracle_gain']:.2f}x | {r['decision']} |"
+                         f" {r['chosen']} | {r['settled_in_epoch']} | {r['run_ratio']:.2f}x | {rep} |"
+                         f" {plain} |")
+        lines.append("")
+    lines += ["`oracle gain`: the best worker count's second epoch against the user's; `reported`: the",
+              "tuner's speed-up (whole run, start-up included); `plain loop`: the returned choice's",
+              "second epoch in a plain loop against the user's."]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "WRITTEN"), help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true",
+                        help="one repeat of a reduced grid, to a temporary folder")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--modes", default=None, help="comma-separated: quiet,loaded")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for DECISIONS.md and decisions.json (default:"
+                        " benchmarks/results/decisions/; with --quick, a new temporary folder)")
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(*args.child)))
+        return 0
+    fill_in(args, {"repeats": 1, "modes": "quiet"}, {"repeats": 3, "modes": "quiet,loaded"})
+    folder = out_folder(args, __file__, "autotune-decisions-")
+    folder.mkdir(parents=True, exist_ok=True)
+    grid = [(w, s) for w in WORKLOADS for s in WRITTEN] if not args.quick else [("latency", "nothing")]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+    data: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": describe_machine(),
+                            "commit": commit, "modes": {}}
+    for mode in args.modes.split(","):
+        runs = []
+        with cpu_hog(enabled=mode == "loaded") as hog:
+            for _ in range(args.repeats):
+                for workload, written in grid:
+                    runs.append(_one(workload, written))
+                    print(mode, workload, written, runs[-1].get("decision", "error"), flush=True)
+        data["modes"][mode] = {"runs": runs, "summary": summarize(runs), "hog": hog,
+                               "load_average": load_average()}
+    (folder / "decisions.json").write_text(json.dumps(data, indent=1))
+    write_markdown(data, folder / "DECISIONS.md")
+    print(f"wrote {folder / 'DECISIONS.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
