@@ -456,13 +456,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
             baseline=args.baseline,
         )
         if args.plot:
-            path = report.plot(result, args.plot)
+            path = result.plot(args.plot)
             if not args.quiet:
                 print(f"autotune: plot saved to {path}", file=sys.stderr)
     if args.json:
         _print(report.to_json(result))
         return EXIT_OK
-    _print(report.trial_table(result), "", report.summary_text(result), "", report.dashboard_hint(result))
+    _print(result.table(), "", report.summary_text(result), "", report.dashboard_hint(result))
     if args.plot:
         _print(f"Plot: {args.plot}")
     return EXIT_OK

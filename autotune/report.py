@@ -1,29 +1,20 @@
-"""What a tuning run found, for people and for machines: the trial table, a summary, JSON and a plot.
+"""What a tuning run found, for people and for machines: a summary, the code to paste, and JSON.
 
-Everything here reads a :class:`~autotune.result.TuneResult` and its :class:`~autotune.decide.TrialRecord`
-objects; nothing measures. matplotlib is imported only by :func:`plot`, and draws on an Agg canvas of
-its own, so a plot never changes the backend a notebook or script has chosen.
+Everything here reads a :class:`~autotune.result.TuneResult`, above it; nothing measures. The trial
+table and the plot are the result's own (``TuneResult.table()``, ``TuneResult.plot()``), so that a
+result shows itself without reaching up here.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import textwrap
-from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .machine import SHM_DIR, fingerprint_limits
 from .profiles import mask_url
+from .result import TuneResult
 from .shm import SHM_FIX
-
-if TYPE_CHECKING:
-    from .decide import TrialRecord
-    from .result import TuneResult
-
-REASON_WIDTH = 92
-"""Characters of a failure reason shown under the table: one line of a 100-column terminal."""
 
 TEXT_WIDTH = 96
 """Width prose in the summary is wrapped to, so it reads in a 100-column terminal."""
@@ -32,108 +23,8 @@ BUSY_LOAD = 0.25
 """Other processes' work per usable CPU above which the summary calls the machine busy (one process
 keeping one core of two busy reads 0.5; NOTE [ Others' load ] in machine.py)."""
 
-PLOT_INSTALL_HINT = "pip install 'dataloader-autotune[plot]'"
-"""How to get matplotlib for :func:`plot` (the package is installed as ``dataloader-autotune``)."""
-
 DASHBOARD_INSTALL_HINT = "pip install 'dataloader-autotune[dashboard]'"
 """How to get the ``optuna-dashboard`` command :func:`dashboard_hint` prints."""
-
-_COLUMNS: tuple[tuple[str, str], ...] = (
-    # (header, alignment) -- numbers right-aligned, words left-aligned
-    ("#", ">"),
-    ("phase", "<"),
-    ("batch", ">"),
-    ("wrk", ">"),
-    ("ord", "<"),
-    ("pin", "<"),
-    ("pf", ">"),
-    ("pers", "<"),
-    ("pretf", "<"),
-    ("tthr", ">"),
-    ("samples/s", ">"),
-    ("step ms", ">"),
-    ("busy%", ">"),
-    ("wait%", ">"),
-    ("score", ">"),
-    ("state", "<"),
-)
-
-_LEGEND = (
-    "wrk = worker processes (2) or threads (2t), ord = batches in order (-) or as ready (any),\n"
-    "pf = prefetch_factor, pers = persistent_workers, pretf = pretransform, tthr = torch threads,\n"
-    "busy/wait = share of the time in the step/waiting for data, * = chosen"
-)
-
-
-# --------------------------------------------------------------------------------------------------
-# Text
-
-
-def _flag(value: bool) -> str:
-    return "yes" if value else "-"
-
-
-def _opt(value: Any) -> str:
-    return "-" if value is None else str(value)
-
-
-def _shorten(text: str, width: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
-
-
-def _trial_row(t: TrialRecord, chosen: bool, note: str) -> list[str]:
-    c, m = t.candidate, t.measurement
-    state = t.state + (f" [{note}]" if note else "")
-    return [
-        f"{t.number}{'*' if chosen else ''}",
-        t.phase,
-        str(c.batch_size),
-        f"{c.num_workers}t" if c.threaded else str(c.num_workers),
-        "-" if c.in_order else "any",
-        _flag(c.pin_memory),
-        _opt(c.prefetch_factor),
-        _flag(c.persistent_workers and c.num_workers > 0),
-        c.pretransform,
-        _opt(c.torch_threads),
-        f"{m.samples_per_s:,.0f}" if m else "-",
-        (f"{m.step_ms:.1f}" if m.step_ms >= 1 else f"{m.step_ms:.2f}") if m else "-",
-        f"{m.busy * 100:.0f}" if m else "-",
-        f"{m.wait_fraction * 100:.0f}" if m else "-",
-        f"{t.score:,.0f}" if t.score is not None else "-",
-        state,
-    ]
-
-
-def trial_table(result: TuneResult) -> str:
-    """Every trial, one row each, with the reasons for failed, pruned and infeasible ones below.
-
-    Numbers are right-aligned; the rows fit a 100-column terminal. The chosen configuration's rows
-    are starred; a reason shared by several trials is listed once.
-    """
-    chosen = result.candidate if result.loader_kwargs else None
-    notes: dict[str, str] = {}
-    rows: list[list[str]] = []
-    for t in result.trials:
-        note = ""
-        if t.state != "complete" and t.reason:
-            note = notes.setdefault(t.reason, str(len(notes) + 1))
-        rows.append(_trial_row(t, chosen is not None and t.candidate == chosen, note))
-    headers = [h for h, _ in _COLUMNS]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [f"{cell:{align}{w}}" for cell, (_, align), w in zip(cells, _COLUMNS, widths, strict=True)]
-        return " ".join(parts).rstrip()
-
-    out = [line(headers), line(["-" * w for w in widths])]
-    out += [line(r) for r in rows]
-    if not rows:
-        out.append("(no trials: this result was not measured in this run)")
-    out += ["", _LEGEND]
-    for reason, number in notes.items():
-        out.append(_shorten(f"[{number}] {reason}", REASON_WIDTH))
-    return "\n".join(out)
 
 
 def loader_code(result: TuneResult, dataset_name: str = "dataset", *, width: int | None = None) -> str:
@@ -157,17 +48,6 @@ def measurements_of_best(result: TuneResult) -> int:
     """How many complete measurements the chosen configuration has (its figures are their medians)."""
     chosen = result.candidate
     return sum(1 for t in result.trials if t.state == "complete" and t.candidate == chosen)
-
-
-def baseline_text(result: TuneResult) -> str:
-    """What the speed-up is against: the user's settings, or PyTorch's defaults."""
-    defaults = {"num_workers": 0, "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False,
-                "in_order": True}
-    kwargs = {k: v for k, v in (result.baseline_kwargs or {}).items()
-              if k != "batch_size" and defaults.get(k, object()) != v}
-    if not kwargs:
-        return "PyTorch's defaults"
-    return "your settings (" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
 
 
 def limits(result: TuneResult) -> str | None:
@@ -249,7 +129,7 @@ def summary_text(result: TuneResult) -> str:
     n = measurements_of_best(result)
     basis = f"median of {n} measurement{'s' if n != 1 else ''}" if n else "stored figures"
     lines.append(f"Throughput:  {result.samples_per_s:,.0f} samples/s ({basis}, spread {result.spread:.0%})")
-    against = baseline_text(result)
+    against = result.baseline_text()
     if result.speedup is not None and result.baseline_samples_per_s is not None:
         steady = (
             f"; {result.throughput_speedup:.2f}x in steady-state samples/s"
@@ -322,82 +202,3 @@ def to_json(result: TuneResult, *, indent: int | None = 2) -> str:
     if data.get("storage_url"):
         data["storage_url"] = mask_url(data["storage_url"])
     return json.dumps(data, indent=indent, default=str)
-
-
-# --------------------------------------------------------------------------------------------------
-# Plot
-
-
-def _series(result: TuneResult) -> dict[tuple[int, str], dict[int, list[tuple[float, float]]]]:
-    """(batch_size, pretransform) -> num_workers -> [(samples/s, busy)] of every complete trial."""
-    out: dict[tuple[int, str], dict[int, list[tuple[float, float]]]] = {}
-    for t in result.trials:
-        if t.state != "complete" or t.measurement is None:
-            continue
-        c, m = t.candidate, t.measurement
-        out.setdefault((c.batch_size, c.pretransform), {}).setdefault(c.num_workers, []).append(
-            (m.samples_per_s, m.busy)
-        )
-    return out
-
-
-def plot(result: TuneResult, path: str | Path) -> str:
-    """Throughput and busy fraction against ``num_workers``, one series per batch size and pretransform.
-
-    Every measurement is a dot; the line joins the median at each worker count. The baseline and the
-    chosen configuration are marked. Saved as an image at ``path`` (PNG unless the suffix
-    says otherwise); returns the path.
-    """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as err:
-        raise ImportError(f"plotting needs matplotlib; install it with {PLOT_INSTALL_HINT}") from err
-
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax_sps, ax_busy = fig.subplots(1, 2)
-    series = _series(result)
-    for i, ((bs, pretf), by_workers) in enumerate(sorted(series.items())):
-        color = f"C{i % 10}"
-        label = f"batch {bs}" + ("" if pretf == "none" else f", pretransform {pretf}")
-        workers = sorted(by_workers)
-        for w in workers:
-            pts = by_workers[w]
-            ax_sps.scatter([w] * len(pts), [p[0] for p in pts], color=color, alpha=0.35, s=14)
-            ax_busy.scatter([w] * len(pts), [p[1] * 100 for p in pts], color=color, alpha=0.35, s=14)
-        med_sps = [statistics.median(p[0] for p in by_workers[w]) for w in workers]
-        med_busy = [statistics.median(p[1] for p in by_workers[w]) * 100 for w in workers]
-        ax_sps.plot(workers, med_sps, "-o", color=color, label=label, markersize=5)
-        ax_busy.plot(workers, med_busy, "-o", color=color, label=label, markersize=5)
-
-    if result.baseline_samples_per_s is not None:
-        ax_sps.axhline(result.baseline_samples_per_s, color="0.4", linestyle=":", linewidth=1,
-                       label=f"baseline ({baseline_text(result)})")
-    if result.loader_kwargs and result.samples_per_s > 0:
-        w = int(result.loader_kwargs.get("num_workers", 0))
-        ax_sps.scatter([w], [result.samples_per_s], marker="*", s=220, color="gold",
-                       edgecolors="black", zorder=5, label="chosen")
-        ax_busy.scatter([w], [result.busy * 100], marker="*", s=220, color="gold",
-                        edgecolors="black", zorder=5)
-
-    ax_sps.set_xlabel("num_workers")
-    ax_sps.set_ylabel("samples/s")
-    ax_sps.set_title("Throughput")
-    ax_sps.set_ylim(bottom=0)
-    ax_busy.set_xlabel("num_workers")
-    ax_busy.set_ylabel("busy %  (share of the time in the step)")
-    ax_busy.set_title("Busy fraction")
-    ax_busy.set_ylim(0, 105)
-    for ax in (ax_sps, ax_busy):
-        ax.grid(True, alpha=0.3)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-    if series:
-        ax_sps.legend(fontsize="small")
-    else:
-        ax_sps.text(0.5, 0.5, "no complete trials", ha="center", va="center", transform=ax_sps.transAxes)
-    speed = f", {result.speedup:.2f}x {baseline_text(result)}" if result.speedup is not None else ""
-    fig.suptitle(f"autotune: {result.samples_per_s:,.0f} samples/s{speed} on {result.device}")
-    out = str(path)
-    fig.savefig(out, dpi=100)
-    return out

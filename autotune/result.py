@@ -1,8 +1,9 @@
-"""What tuning found: :class:`TuneResult`, built the same way by both drivers, and stored profiles.
+"""What tuning found: :class:`TuneResult`, built the same way by both drivers, its trial table and
+plot, and stored profiles.
 
-Below the drivers (``api``, ``loader``) and the reports that read it; it measures nothing. A stored
-profile is a ``TuneResult.to_dict()``; :func:`lookup` reads one back and refuses, with a warning, a
-record that parses but holds settings no loader could use.
+Below the drivers (``api``, ``loader``) and the report that reads it (``report``), which it does
+not import; it measures nothing. A stored profile is a ``TuneResult.to_dict()``; :func:`lookup` reads
+one back and refuses, with a warning, a record that parses but holds settings no loader could use.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -29,6 +32,38 @@ DEFAULT_BUDGET_S = 60.0
 
 DEFAULT_EPOCHS = 10
 """Epochs a pre-transform cache and worker start-up are amortised over, when the user does not say."""
+
+REASON_WIDTH = 92
+"""Characters of a failure reason shown under the table: one line of a 100-column terminal."""
+
+PLOT_INSTALL_HINT = "pip install 'dataloader-autotune[plot]'"
+"""How to get matplotlib for :meth:`TuneResult.plot` (installed as ``dataloader-autotune``)."""
+
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    # (header, alignment) -- numbers right-aligned, words left-aligned
+    ("#", ">"),
+    ("phase", "<"),
+    ("batch", ">"),
+    ("wrk", ">"),
+    ("ord", "<"),
+    ("pin", "<"),
+    ("pf", ">"),
+    ("pers", "<"),
+    ("pretf", "<"),
+    ("tthr", ">"),
+    ("samples/s", ">"),
+    ("step ms", ">"),
+    ("busy%", ">"),
+    ("wait%", ">"),
+    ("score", ">"),
+    ("state", "<"),
+)
+
+_LEGEND = (
+    "wrk = worker processes (2) or threads (2t), ord = batches in order (-) or as ready (any),\n"
+    "pf = prefetch_factor, pers = persistent_workers, pretf = pretransform, tthr = torch threads,\n"
+    "busy/wait = share of the time in the step/waiting for data, * = chosen"
+)
 
 
 @dataclass(frozen=True)
@@ -152,6 +187,16 @@ class TuneResult:
         return (f"{self.speedup:.2f}x ({interval_label(self.confidence or 0.95)}"
                 f" {self.speedup_low:.2f}-{self.speedup_high:.2f}x)")
 
+    def baseline_text(self) -> str:
+        """What the speed-up is against: the user's settings, or PyTorch's defaults."""
+        defaults = {"num_workers": 0, "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False,
+                    "in_order": True}
+        kwargs = {k: v for k, v in (self.baseline_kwargs or {}).items()
+                  if k != "batch_size" and defaults.get(k, object()) != v}
+        if not kwargs:
+            return "PyTorch's defaults"
+        return "your settings (" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["trials"] = [t.to_dict() for t in self.trials]
@@ -175,16 +220,148 @@ class TuneResult:
         return cls(**fields)
 
     def table(self) -> str:
-        """The trial table as text (see :mod:`autotune.report`)."""
-        from .report import trial_table  # the report reads this module
+        """The trial table: every trial, one row each, with the reasons for failed, pruned and
+        infeasible ones below.
 
-        return trial_table(self)
+        Numbers are right-aligned; the rows fit a 100-column terminal. The chosen configuration's rows
+        are starred; a reason shared by several trials is listed once.
+        """
+        chosen = self.candidate if self.loader_kwargs else None
+        notes: dict[str, str] = {}
+        rows: list[list[str]] = []
+        for t in self.trials:
+            note = ""
+            if t.state != "complete" and t.reason:
+                note = notes.setdefault(t.reason, str(len(notes) + 1))
+            rows.append(_trial_row(t, chosen is not None and t.candidate == chosen, note))
+        headers = [h for h, _ in _COLUMNS]
+        widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
-    def plot(self, path: str) -> str:
-        """Throughput against workers and busy fraction, saved to ``path`` (needs matplotlib)."""
-        from .report import plot  # the report reads this module
+        def line(cells: Sequence[str]) -> str:
+            parts = [f"{cell:{align}{w}}"
+                     for cell, (_, align), w in zip(cells, _COLUMNS, widths, strict=True)]
+            return " ".join(parts).rstrip()
 
-        return plot(self, path)
+        out = [line(headers), line(["-" * w for w in widths])]
+        out += [line(r) for r in rows]
+        if not rows:
+            out.append("(no trials: this result was not measured in this run)")
+        out += ["", _LEGEND]
+        for reason, number in notes.items():
+            out.append(_shorten(f"[{number}] {reason}", REASON_WIDTH))
+        return "\n".join(out)
+
+    def plot(self, path: str | Path) -> str:
+        """Throughput and busy fraction against ``num_workers``, one series per batch size and
+        pretransform (needs matplotlib).
+
+        Every measurement is a dot; the line joins the median at each worker count. The baseline and
+        the chosen configuration are marked. Saved as an image at ``path`` (PNG unless the suffix
+        says otherwise); returns the path. matplotlib is imported only here, and draws on an Agg
+        canvas of its own, so a plot never changes the backend a notebook or script has chosen.
+        """
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+        except ImportError as err:
+            raise ImportError(f"plotting needs matplotlib; install it with {PLOT_INSTALL_HINT}") from err
+
+        fig = Figure(figsize=(11, 4.5), layout="constrained")
+        FigureCanvasAgg(fig)
+        ax_sps, ax_busy = fig.subplots(1, 2)
+        series = _series(self)
+        for i, ((bs, pretf), by_workers) in enumerate(sorted(series.items())):
+            color = f"C{i % 10}"
+            label = f"batch {bs}" + ("" if pretf == "none" else f", pretransform {pretf}")
+            workers = sorted(by_workers)
+            for w in workers:
+                pts = by_workers[w]
+                ax_sps.scatter([w] * len(pts), [p[0] for p in pts], color=color, alpha=0.35, s=14)
+                ax_busy.scatter([w] * len(pts), [p[1] * 100 for p in pts], color=color, alpha=0.35, s=14)
+            med_sps = [statistics.median(p[0] for p in by_workers[w]) for w in workers]
+            med_busy = [statistics.median(p[1] for p in by_workers[w]) * 100 for w in workers]
+            ax_sps.plot(workers, med_sps, "-o", color=color, label=label, markersize=5)
+            ax_busy.plot(workers, med_busy, "-o", color=color, label=label, markersize=5)
+
+        if self.baseline_samples_per_s is not None:
+            ax_sps.axhline(self.baseline_samples_per_s, color="0.4", linestyle=":", linewidth=1,
+                           label=f"baseline ({self.baseline_text()})")
+        if self.loader_kwargs and self.samples_per_s > 0:
+            w = int(self.loader_kwargs.get("num_workers", 0))
+            ax_sps.scatter([w], [self.samples_per_s], marker="*", s=220, color="gold",
+                           edgecolors="black", zorder=5, label="chosen")
+            ax_busy.scatter([w], [self.busy * 100], marker="*", s=220, color="gold",
+                            edgecolors="black", zorder=5)
+
+        ax_sps.set_xlabel("num_workers")
+        ax_sps.set_ylabel("samples/s")
+        ax_sps.set_title("Throughput")
+        ax_sps.set_ylim(bottom=0)
+        ax_busy.set_xlabel("num_workers")
+        ax_busy.set_ylabel("busy %  (share of the time in the step)")
+        ax_busy.set_title("Busy fraction")
+        ax_busy.set_ylim(0, 105)
+        for ax in (ax_sps, ax_busy):
+            ax.grid(True, alpha=0.3)
+            ax.xaxis.get_major_locator().set_params(integer=True)
+        if series:
+            ax_sps.legend(fontsize="small")
+        else:
+            ax_sps.text(0.5, 0.5, "no complete trials", ha="center", va="center", transform=ax_sps.transAxes)
+        speed = f", {self.speedup:.2f}x {self.baseline_text()}" if self.speedup is not None else ""
+        fig.suptitle(f"autotune: {self.samples_per_s:,.0f} samples/s{speed} on {self.device}")
+        out = str(path)
+        fig.savefig(out, dpi=100)
+        return out
+
+
+def _flag(value: bool) -> str:
+    return "yes" if value else "-"
+
+
+def _opt(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _shorten(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+def _trial_row(t: TrialRecord, chosen: bool, note: str) -> list[str]:
+    c, m = t.candidate, t.measurement
+    state = t.state + (f" [{note}]" if note else "")
+    return [
+        f"{t.number}{'*' if chosen else ''}",
+        t.phase,
+        str(c.batch_size),
+        f"{c.num_workers}t" if c.threaded else str(c.num_workers),
+        "-" if c.in_order else "any",
+        _flag(c.pin_memory),
+        _opt(c.prefetch_factor),
+        _flag(c.persistent_workers and c.num_workers > 0),
+        c.pretransform,
+        _opt(c.torch_threads),
+        f"{m.samples_per_s:,.0f}" if m else "-",
+        (f"{m.step_ms:.1f}" if m.step_ms >= 1 else f"{m.step_ms:.2f}") if m else "-",
+        f"{m.busy * 100:.0f}" if m else "-",
+        f"{m.wait_fraction * 100:.0f}" if m else "-",
+        f"{t.score:,.0f}" if t.score is not None else "-",
+        state,
+    ]
+
+
+def _series(result: TuneResult) -> dict[tuple[int, str], dict[int, list[tuple[float, float]]]]:
+    """(batch_size, pretransform) -> num_workers -> [(samples/s, busy)] of every complete trial."""
+    out: dict[tuple[int, str], dict[int, list[tuple[float, float]]]] = {}
+    for t in result.trials:
+        if t.state != "complete" or t.measurement is None:
+            continue
+        c, m = t.candidate, t.measurement
+        out.setdefault((c.batch_size, c.pretransform), {}).setdefault(c.num_workers, []).append(
+            (m.samples_per_s, m.busy)
+        )
+    return out
 
 
 def from_decision(decision: Decision, trials: Sequence[TrialRecord], **context: Any) -> TuneResult:

@@ -48,7 +48,7 @@ import torch.utils.data as tud
 import torch.utils.data.dataloader as tud_dataloader
 
 from . import loader as dropin
-from .report import TEXT_WIDTH, baseline_text
+from .report import TEXT_WIDTH
 from .result import TuneResult
 from .space import Candidate
 
@@ -222,7 +222,7 @@ class _Session(dropin.Listener):
         record.copy_state(loader)
         if record.status == "tuned" and record.tuning is not None:
             result = record.tuning
-            speed = (f", {result.speedup_text()} {baseline_text(result)}"
+            speed = (f", {result.speedup_text()} {result.baseline_text()}"
                      if result.speedup is not None and not result.kept_baseline else
                      ", the script's own settings (nothing beat them with confidence)")
             self._say(f"the DataLoader at {record.origin} settled on {_label(result.candidate)}{speed}")
@@ -639,7 +639,7 @@ def _loader_section(record: LoaderRecord) -> list[str]:
     if record.measuring_again is not None:
         lines += textwrap.wrap(f"  measured again when the script ended: {record.measuring_again};"
                                " the choice above stands", width=TEXT_WIDTH, subsequent_indent="    ")
-    against = baseline_text(result)
+    against = result.baseline_text()
     if result.speedup is not None and result.baseline_samples_per_s is not None:
         lines.append(f"  speed-up: {result.speedup_text()} {against} over {result.epochs} epochs, start-up"
                      " and any cache build included; both measured side by side"

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from autotune import Candidate, Measurement, TrialRecord, TuneResult, report, tune_loader
+from autotune.result import REASON_WIDTH
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -85,7 +86,7 @@ def test_the_table_has_the_headers_and_a_row_per_trial(tuned: TuneResult) -> Non
 
 
 def test_numbers_are_right_aligned_and_lines_fit_100_columns() -> None:
-    table = report.trial_table(handmade())
+    table = handmade().table()
     lines = table.splitlines()
     assert max(len(ln) for ln in lines) <= 100
     header = lines[0]
@@ -98,19 +99,19 @@ def test_numbers_are_right_aligned_and_lines_fit_100_columns() -> None:
 
 
 def test_failure_reasons_are_listed_once_and_shortened() -> None:
-    table = report.trial_table(handmade())
+    table = handmade().table()
     rows = trial_rows(table)
     assert rows[2].endswith("failed [1]") and rows[4].endswith("failed [1]")  # one shared reason
     assert rows[3].endswith("pruned [2]") and rows[5].endswith("infeasible [3]")
     notes = [ln for ln in table.splitlines() if ln.startswith("[")]
     assert len(notes) == 3
     assert notes[0].startswith("[1] TrialTimeout: a batch took longer than 60 s")
-    assert notes[0].endswith("...") and len(notes[0]) <= report.REASON_WIDTH
+    assert notes[0].endswith("...") and len(notes[0]) <= REASON_WIDTH
     assert notes[2] == "[3] pretransform='device': needs CUDA"
 
 
 def test_the_chosen_configuration_is_starred() -> None:
-    rows = trial_rows(report.trial_table(handmade()))
+    rows = trial_rows(handmade().table())
     starred = [r.split()[0] for r in rows if r.split()[0].endswith("*")]
     assert starred == ["1*", "6*"]
 
@@ -209,7 +210,7 @@ def test_plot_handles_every_trial_state_and_leaves_the_backend_alone(tmp_path: P
     import matplotlib
 
     before = matplotlib.get_backend()
-    path = report.plot(handmade(), tmp_path / "handmade.png")
+    path = handmade().plot(tmp_path / "handmade.png")
     assert Path(path).read_bytes().startswith(PNG_SIGNATURE)
     # It draws on its own Agg canvas: a notebook's or script's backend is not switched.
     assert matplotlib.get_backend() == before
@@ -221,7 +222,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules makes the import fail
     with pytest.raises(ImportError, match=re.escape("pip install 'dataloader-autotune[plot]'")):
-        report.plot(handmade(), tmp_path / "nothing.png")
+        handmade().plot(tmp_path / "nothing.png")
     assert not (tmp_path / "nothing.png").exists()
 
 
