@@ -87,18 +87,18 @@
 from __future__ import annotations
 
 import bisect
-import collections
 import contextlib
 import logging
 import statistics
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.utils.data as tud
+from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from .decide import Phase, describe_error
+from .feed import Feed, FeedSampler
 from .measure import (
     WARMUP_BATCHES,
     Measurement,
@@ -108,6 +108,7 @@ from .measure import (
     window_log_se,
 )
 from .online import STRETCH_MIN_BATCHES, STRETCH_WINDOW_S, Outcome, drained_span
+from .serving import EpochSettings, Serving
 from .space import Candidate
 from .supervise import (
     CHILD_SIGNAL,
@@ -118,9 +119,6 @@ from .supervise import (
     stop_iterator,
     worker_pids,
 )
-
-if TYPE_CHECKING:
-    from .loader import DataLoader
 
 log = logging.getLogger("autotune")
 
@@ -133,101 +131,6 @@ WAITED_S = 0.001
 HIDE_STARTUP = True
 """Whether a measured stretch serves its backlog while the next one starts (NOTE [ Epochs and
 stretches ]); ``benchmarks/startup.py`` turns it off to measure what it saves."""
-
-
-class Feed:
-    """The epoch's items, drawn lazily from the sampler; items given back come out first.
-
-    Inner loaders take items ahead of the user (their workers prefetch) but never past the
-    sampler's length: the draw that tells a sampler's end (a RandomSampler draws once more there)
-    happens only when the user asks for an item after the last (:meth:`drained`), as with torch.
-    """
-
-    def __init__(self, source: Iterator[Any], length: int | None = None) -> None:
-        self._source = source
-        self._length = length
-        self._pulled = 0
-        self._back: collections.deque[Any] = collections.deque()
-        self._ended = False
-
-    def take(self) -> Any:
-        if self._back:
-            return self._back.popleft()
-        if self._ended or (self._length is not None and self._pulled >= self._length):
-            raise StopIteration
-        return self._pull()
-
-    def _pull(self) -> Any:
-        try:
-            item = next(self._source)
-        except StopIteration:
-            self._ended = True
-            raise
-        self._pulled += 1
-        return item
-
-    def has_more(self) -> bool:
-        """Whether items are known to be left, without drawing from the sampler (``False`` where the
-        sampler has no length and only a draw could tell)."""
-        return bool(self._back) or (not self._ended and self._length is not None
-                                    and self._pulled < self._length)
-
-    def give_back(self, items: list[Any]) -> None:
-        self._back.extendleft(reversed(items))
-
-    def prime(self, n: int) -> None:
-        """Draw ``n`` items now, as torch's worker iterator does when it starts."""
-        drawn = []
-        for _ in range(n):
-            try:
-                drawn.append(self.take())
-            except StopIteration:
-                break
-        self.give_back(drawn)
-
-    def drained(self) -> bool:
-        """Whether the epoch has no item left; asked when the user wants the next item, so it may
-        draw from the sampler as torch's own ``next()`` would (past the length, its end)."""
-        if self._back:
-            return False
-        if not self._ended:
-            try:
-                self._back.append(self._pull())
-            except StopIteration:
-                return True
-            if self._length is not None and self._pulled > self._length:
-                # The sampler yields more than its __len__ says: its own end decides, as in torch.
-                self._length = None
-        return not self._back
-
-
-class FeedSampler(tud.Sampler[Any]):
-    """An inner loader's sampler: up to ``limit`` items of the feed, each recorded as taken.
-
-    A persistent inner loader keeps its sampler across epochs: each epoch points ``feed`` at its own.
-    """
-
-    def __init__(self, feed: Feed | None, limit: int | None = None) -> None:
-        self.feed = feed
-        self.limit = limit
-        self.taken: list[Any] = []
-
-    def __iter__(self) -> Iterator[Any]:
-        taken: list[Any] = []
-        self.taken = taken
-        feed = self.feed
-        while feed is not None and (self.limit is None or len(taken) < self.limit):
-            try:
-                item = feed.take()
-            except StopIteration:
-                return
-            taken.append(item)
-            yield item
-
-    def __len__(self) -> int:
-        if self.limit is None:
-            raise TypeError("a stretch of an epoch has no length of its own")
-        return self.limit
 
 
 @dataclass
@@ -375,11 +278,13 @@ class Failed(Exception):
 class Stretch:
     """One candidate serving up to ``limit`` items of the feed (``None``: to the end)."""
 
-    def __init__(self, loader: DataLoader, candidate: Candidate, phase: Phase | None, feed: Feed | None,
+    def __init__(self, serving: Serving, settings: EpochSettings, candidate: Candidate, phase: Phase | None,
+                 feed: Feed | None,
                  *, limit: int | None, baseline: bool, abandon_below: float = 0.0,
                  whole: bool = False, private: bool = False, window_s: float = STRETCH_WINDOW_S,
                  settle: bool = False) -> None:
-        self.loader = loader
+        self.serving = serving
+        self.settings = settings
         self.candidate = candidate
         self.phase = phase
         """The search phase it is measured for; ``None``: served, not measured."""
@@ -406,6 +311,8 @@ class Stretch:
         self.measurement: Measurement | None = None
         self.inner: Any = None
         self.sampler: FeedSampler | None = None
+        self.prepared: Any = None
+        """The cache the inner loader reads (or the dataset as it is): its build is the candidate's cost."""
         self.it: Any = None
         self.held = False
         self.started_at = 0.0
@@ -430,7 +337,9 @@ class Stretch:
         self.started_at = time.perf_counter()
         self._signals.enter_context(CHILD_SIGNAL.installed(defer_outside_fetch=True))
         try:
-            self.inner, self.sampler, self.held = self.loader._inner_for(self)
+            self.inner, self.sampler, self.held, self.prepared = self.serving.inner_for(
+                self.candidate, self.settings, self.feed, self.limit, measured=self.phase is not None,
+                baseline=self.baseline, private=self.private)
             # torch's own warnings for the user's settings were given by the loader's iter(); a
             # candidate's pickling failure is its reason, the baseline's the user's to see.
             with quiet_worker_warning(pickle_errors=not self.baseline):
@@ -462,7 +371,7 @@ class Stretch:
         if self.limit is not None and self.served + self.raised >= self.limit:
             self.done = True
             raise StopIteration
-        if self.loader._live_iterators() > 1:
+        if self.serving.live_iterators() > 1:
             self.interfered = True
         cpu = time.thread_time()
         try:
@@ -485,7 +394,7 @@ class Stretch:
         else:
             self.fetch_s += got - now
             self.fetch_cpu_s += time.thread_time() - cpu
-        n = batch_length(item, self.loader.batch_size or 1)
+        n = batch_length(item, self.settings.batch_size or 1)
         self.line.item(now, got, n, ready_batches(self.it))
         self.served += 1
         self.samples += n
@@ -523,10 +432,9 @@ class Stretch:
     def _build_s(self) -> float:
         """What building the candidate's cache cost (a stretch that only loads through a filling
         cache has none of its own)."""
-        prepared = getattr(self.inner, "_autotune_prepared", None)
-        if prepared is None or self.candidate.pretransform == "none":
+        if self.prepared is None or self.candidate.pretransform == "none":
             return 0.0
-        return float(prepared.build_s)
+        return float(self.prepared.build_s)
 
     def close(self) -> None:
         """Stop the inner iterator (a held, persistent one stays), give back what was not served."""
@@ -565,9 +473,10 @@ _TO_THE_END: Any = object()
 class Driver:
     """What one kind of epoch serves next (see the subclasses); ``record`` hears each stretch's end."""
 
-    def __init__(self, loader: DataLoader, feed: Feed | None) -> None:
-        self.loader = loader
-        self.tuning = loader._tuning
+    def __init__(self, serving: Serving, settings: EpochSettings, feed: Feed | None) -> None:
+        self.serving = serving
+        self.settings = settings
+        self.tuning = serving.tuning
         self.feed = feed
 
     def next_stretch(self) -> Stretch | None:
@@ -584,17 +493,17 @@ class Driver:
         """The epoch ended (``complete``: every item was served)."""
 
     def _stretch(self, c: Candidate, phase: Phase | None, limit: int | None, **kw: Any) -> Stretch:
-        return Stretch(self.loader, c, phase, self.feed, limit=limit,
+        return Stretch(self.serving, self.settings, c, phase, self.feed, limit=limit,
                        baseline=c == self.tuning.baseline, **kw)
 
 
 class SearchDriver(Driver):
     """An epoch that searches: stretches by the explorer's candidates, then the settled one."""
 
-    def __init__(self, loader: DataLoader, feed: Feed | None) -> None:
-        super().__init__(loader, feed)
+    def __init__(self, serving: Serving, settings: EpochSettings, feed: Feed | None) -> None:
+        super().__init__(serving, settings, feed)
         try:
-            self.epoch_items: int | None = len(loader._index_sampler)
+            self.epoch_items: int | None = len(settings.index_sampler)
         except TypeError:
             self.epoch_items = None
         self.tuning.epoch_items = self.epoch_items
@@ -608,7 +517,7 @@ class SearchDriver(Driver):
             decision = t.decision_due()
             if decision is None:
                 return self._stretch(t.baseline, None, None)
-            self.loader._settle(t.settle(decision))
+            self.serving.settle(t.settle(decision))
             return self._stretch(t.settled or t.baseline, None, None)
         c, phase = nxt
         if self.feed is None:  # a stream: one candidate for the whole epoch
@@ -632,7 +541,7 @@ class SearchDriver(Driver):
         if complete and self.tuning.settled is None:
             settled = self.tuning.end_search_epoch()
             if settled is not None:
-                self.loader._settle(settled)
+                self.serving.settle(settled)
 
 
 def _settled_failed(driver: Driver, stretch: Stretch) -> None:
@@ -643,7 +552,7 @@ def _settled_failed(driver: Driver, stretch: Stretch) -> None:
     log.info("autotune: %s failed on the loader at %s (%s); the baseline serves from now on",
              stretch.candidate.label(), t.origin, stretch.failure)
     t.settled = t.baseline
-    driver.loader._settle(t.baseline)
+    driver.serving.settle(t.baseline)
 
 
 def _more(feed: Feed | None) -> bool:
@@ -655,8 +564,8 @@ def _more(feed: Feed | None) -> bool:
 class SettledDriver(Driver):
     """An epoch of the settled configuration, timed for NOTE [ Settled means proven ]."""
 
-    def __init__(self, loader: DataLoader, feed: Feed | None) -> None:
-        super().__init__(loader, feed)
+    def __init__(self, serving: Serving, settings: EpochSettings, feed: Feed | None) -> None:
+        super().__init__(serving, settings, feed)
         self.served: Stretch | None = None
 
     def record(self, stretch: Stretch) -> None:
@@ -681,16 +590,40 @@ class SettledDriver(Driver):
 class PlainDriver(Driver):
     """A second live iterator of the same loader: what serves now, unmeasured, to the end."""
 
-    def __init__(self, loader: DataLoader, feed: Feed | None) -> None:
-        super().__init__(loader, feed)
+    def __init__(self, serving: Serving, settings: EpochSettings, feed: Feed | None) -> None:
+        super().__init__(serving, settings, feed)
         self.served = False
 
     def next_stretch(self) -> Stretch | None:
         if self.served and not _more(self.feed):
             return None
         self.served = True
-        return Stretch(self.loader, self.tuning.serving(), None, self.feed, limit=None,
+        return Stretch(self.serving, self.settings, self.tuning.serving(), None, self.feed, limit=None,
                        baseline=self.tuning.serving() == self.tuning.baseline, private=True)
+
+
+def start_epoch(serving: Serving, settings: EpochSettings, fresh: bool) -> Driver:
+    """An epoch: its feed from the loader's own sampler and, for a new iterator (not one reset),
+    a base seed drawn as torch's iterators draw it; then the driver that serves it."""
+    feed = None
+    if not isinstance(settings.dataset, tud.IterableDataset):
+        source = iter(settings.index_sampler)
+        try:
+            length: int | None = len(settings.index_sampler)
+        except TypeError:  # a sampler without a length (one that never ends, say)
+            length = None
+        feed = Feed(source, length)
+    if fresh:
+        serving.draw_base_seed(settings.generator, datapipe=isinstance(settings.dataset, IterDataPipe))
+    if feed is not None and serving.user_workers > 0:
+        feed.prime(serving.user_workers * serving.user_prefetch)
+    for it in list(serving.live):
+        it.finish_if_served()  # an epoch a trainer stopped at len(loader) is over
+    if serving.live_iterators():
+        return PlainDriver(serving, settings, feed)  # a second live iterator, as torch allows
+    t = serving.tuning
+    t.begin_epoch()
+    return (SettledDriver if t.settled is not None else SearchDriver)(serving, settings, feed)
 
 
 class EpochIterator:
@@ -700,24 +633,27 @@ class EpochIterator:
     persistent workers, ``_reset`` to start the next epoch on the same object.
     """
 
-    def __init__(self, loader: DataLoader, make_driver: Callable[[bool], Driver], *,
-                 fresh: bool = True) -> None:
+    def __init__(self, loader: tud.DataLoader[Any], serving: Serving, *, fresh: bool = True) -> None:
         self._loader = loader
-        self._make_driver = make_driver
+        """Kept, never called, so that the loader lives while its epoch is served (collected, it
+        releases what its serving state holds, and ``autotune run`` reports it)."""
+        self._serving = serving
         self._last_it: Any = None
         """The last stretch's torch iterator: its internals (``_workers``) stay readable after it."""
-        self._start_epoch(fresh=fresh)
+        self._start_epoch(loader, fresh=fresh)
 
-    def _start_epoch(self, fresh: bool) -> None:
-        self._driver = self._make_driver(fresh)
+    def _start_epoch(self, loader: tud.DataLoader[Any], fresh: bool) -> None:
+        """Copy what the epoch serves with from ``loader`` (NOTE [ Serving state ] in serving.py)."""
+        self._settings = EpochSettings.of(loader)
+        self._driver = start_epoch(self._serving, self._settings, fresh)
         self._stretch: Stretch | None = None
         self._served = 0
         self._ended = False
         self._fallback: Any = None
         self._next: Stretch | None = None
         """The stretch started while a sealed one serves its backlog (NOTE [ Epochs and stretches ])."""
-        self._loader._register(self)
-        if self._loader._eager_start:  # torch starts its workers in iter() for the user's settings
+        self._serving.live.add(self)
+        if self._serving.eager_start:  # torch starts its workers in iter() for the user's settings
             stretch = self._open()
             if stretch is not None:
                 try:
@@ -729,7 +665,7 @@ class EpochIterator:
         return self
 
     def __len__(self) -> int:
-        return len(self._loader._index_sampler)  # as torch's iterator: a stream's has no length
+        return len(self._settings.index_sampler)  # as torch's iterator: a stream's has no length
 
     def __getattr__(self, name: str) -> Any:
         # torch's iterator internals (``_workers``, ...), where the current stretch's iterator has them
@@ -819,7 +755,7 @@ class EpochIterator:
             if stretch.sealed and not stretch.recorded:
                 self._start_next(stretch)
             self._served += 1
-            self._loader._served_batches += 1
+            self._serving.served_batches += 1
             if self._driver.tuning.cuda_data is None:
                 self._driver.tuning.observe(item)
             return item
@@ -838,11 +774,11 @@ class EpochIterator:
         if self._ended:
             return
         self._ended = True
+        self._serving.live.discard(self)  # live: its epoch has not ended
         try:
             self._drop_next()
             self._close_stretch()
         finally:
-            self._loader._unregister(self)
             self._driver.end(complete)
 
     def finish(self) -> None:
@@ -855,7 +791,7 @@ class EpochIterator:
         if self._ended:
             return
         try:
-            complete = self._served >= len(self._loader)
+            complete = self._served >= self._settings.length()
         except TypeError:  # no length
             complete = False
         self._end(complete)
@@ -865,15 +801,16 @@ class EpochIterator:
     def finish_if_served(self) -> None:
         """End this epoch if every item of it was handed out (its end was simply never asked for)."""
         try:
-            if not self._ended and self._served >= len(self._loader):
+            if not self._ended and self._served >= self._settings.length():
                 self.finish()
         except TypeError:  # no length
             pass
 
-    def _reset(self, loader: Any = None, first_iter: bool = False) -> None:
-        """The next epoch on this same iterator (persistent workers, as torch's ``_reset``)."""
+    def _reset(self, loader: tud.DataLoader[Any], first_iter: bool = False) -> None:
+        """The next epoch on this same iterator (persistent workers, as torch's ``_reset``), with
+        what ``loader`` says now."""
         self.finish()
-        self._start_epoch(fresh=False)
+        self._start_epoch(loader, fresh=False)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -53,24 +53,14 @@ from typing import Any, TypeVar
 
 import torch
 import torch.utils.data as tud
-from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from . import preflight
 from .describe import dataset_length
-from .epochs import (
-    Driver,
-    EpochIterator,
-    Feed,
-    FeedSampler,
-    PlainDriver,
-    SearchDriver,
-    SettledDriver,
-    Stretch,
-)
+from .epochs import EpochIterator
 from .exceptions import ConfigurationError
-from .inner import Held, apply_threads, inner_for
 from .plan import baseline_candidate, make_plan
-from .result import DEFAULT_EPOCHS, TuneResult
+from .result import DEFAULT_EPOCHS, TuneResult, build_loaders_with
+from .serving import Serving
 from .space import Candidate
 from .tuning import Fixed, Tuning
 
@@ -217,53 +207,53 @@ class DataLoader(tud.DataLoader[T_co]):
         if isinstance(literal.get("num_workers"), bool):
             literal["num_workers"] = int(literal["num_workers"])
         self._origin = _origin()
-        self._held = Held()
         self._epoch_iterator: weakref.ref[EpochIterator] | None = None
         """The iterator torch would keep with persistent workers (held weakly: the iterator holds
         the loader, and a cycle would keep the workers alive until the garbage collector ran)."""
         self._iterated = False
-        self._live: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
-        self._served_batches = 0
-        self._seed_state: torch.Tensor | None = None
-        """The generator's (or global RNG's) state before this epoch's base seed was drawn."""
-        self._inner_loaders = 0
-        """Inner loaders built in this epoch (each takes the base-seed draw one further)."""
-        self._explore_timeout_s = batch_timeout_s if batch_timeout_s is not None else EXPLORE_BATCH_TIMEOUT_S
         # What the caller wrote decides torch's iteration semantics (its workers start in iter(), a
         # base seed per new iterator, one iterator reset with persistent workers); a loader built
         # from a result (``configured``) shows the tuned settings but iterates as its caller wrote.
         written_by_user = literal if _written is None else _written
-        self._user_workers = _workers(written_by_user.get("num_workers", 0))
-        self._user_prefetch = int(written_by_user.get("prefetch_factor") or 2)
-        self._user_persistent = bool(written_by_user.get("persistent_workers")) and self._user_workers > 0
+        user_workers = _workers(written_by_user.get("num_workers", 0))
         # autotune's own arguments: a mistake in them is the caller's to see, at once.
         _check_own(torch_threads=torch_threads, pretransform=pretransform, epochs=epochs, device=device,
                    batch_timeout_s=batch_timeout_s)
         self.untuned: str | None = None
         """Why this loader serves exactly as torch's does and tunes nothing (NOTE [ Untuned ]), or
         ``None``."""
+        self._serving: Serving | None = None
+        """What its epochs serve with (NOTE [ Serving state ] in serving.py); ``None`` where it is
+        untuned."""
         try:
             self._tuning: Tuning = self._make_tuning(
                 dataset, literal, written, torch_threads, batch_size=batch_size, shuffle=shuffle,
                 sampler=sampler, collate_fn=collate_fn, worker_init_fn=worker_init_fn,
                 multiprocessing_context=multiprocessing_context, pretransform=pretransform,
                 device=device, epochs=epochs, cache=cache, cache_dir=cache_dir, storage=storage,
-                batch_timeout_s=batch_timeout_s, configured=_configured)
+                batch_timeout_s=batch_timeout_s, configured=_configured, user_workers=user_workers)
         except Exception as err:  # noqa: BLE001 - NOTE [ Untuned ]: torch's iteration raises its own
             self.untuned = f"{type(err).__name__}: {err}"
             log.debug("autotune: the loader at %s is served as torch serves it, untuned: %s",
                       self._origin, self.untuned)
         else:
+            serving = self._serving = Serving(
+                self._tuning, user_workers=user_workers,
+                user_prefetch=int(written_by_user.get("prefetch_factor") or 2),
+                user_persistent=bool(written_by_user.get("persistent_workers")) and user_workers > 0,
+                explore_timeout_s=(batch_timeout_s if batch_timeout_s is not None
+                                   else EXPLORE_BATCH_TIMEOUT_S),
+                on_settled=_announce_settled(self))
+            # Collected without close(): the workers still go and the thread count is still put back.
+            weakref.finalize(self, serving.release)
             if _configured is not None:
                 self._tuning.settle_from_profile(None, _configured)
-                self._settle(_configured)
+                serving.settle(_configured)
             elif not retune:
                 hit = self._tuning.lookup()
                 if hit is not None:
                     self._tuning.settle_from_profile(hit, hit.candidate)
-                    self._settle(hit.candidate)
-        # Collected without close(): the workers still go and the thread count is still put back.
-        weakref.finalize(self, self._held.release)
+                    serving.settle(hit.candidate)
         _notify("built", self)
 
     def _make_tuning(self, dataset: Any, literal: dict[str, Any], written: dict[str, Any],
@@ -271,7 +261,7 @@ class DataLoader(tud.DataLoader[T_co]):
                      sampler: Any, collate_fn: Any, worker_init_fn: Any, multiprocessing_context: Any,
                      pretransform: str | Sequence[str], device: Any, epochs: int | None, cache: bool,
                      cache_dir: str | None, storage: str | None, batch_timeout_s: float | None,
-                     configured: Candidate | None) -> Tuning:
+                     configured: Candidate | None, user_workers: int) -> Tuning:
         """The loader's tuning state: its settings checked, its plan made, its baseline."""
         if dataset_length(dataset) == 0:
             raise ConfigurationError("the dataset is empty: there is nothing to measure")
@@ -311,7 +301,7 @@ class DataLoader(tud.DataLoader[T_co]):
             store_args=({"cache_dir": cache_dir, "storage": storage}
                         if cache and configured is None else None),
             origin=self._origin,
-            reads_in_main=self._user_workers == 0 or not self.explicit_settings_are_fixed,
+            reads_in_main=user_workers == 0 or not self.explicit_settings_are_fixed,
             # A worker_init_fn runs in worker processes; a dataset that sets the process's random
             # state per sample (the plan reads its code) would race with itself on threads.
             threads_allowed=worker_init_fn is None and plan.max_threads != 0,
@@ -322,7 +312,7 @@ class DataLoader(tud.DataLoader[T_co]):
                    **kwargs: Any) -> DataLoader[Any]:
         """A loader fixed to ``candidate`` (it explores nothing); torch arguments in ``kwargs`` win.
 
-        What :meth:`autotune.TuneResult.make_loader` returns. A tunable torch argument in ``kwargs``
+        What :meth:`from_result` builds. A tunable torch argument in ``kwargs``
         (``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers``) replaces the
         candidate's: ``num_workers`` makes them worker processes, as a plain DataLoader would start.
         """
@@ -357,6 +347,15 @@ class DataLoader(tud.DataLoader[T_co]):
         return cls(dataset, pretransform=c.pretransform, device=device, cache=False,
                    torch_threads=c.torch_threads, _configured=c, _written=written, **kwargs)
 
+    @classmethod
+    def from_result(cls, result: TuneResult, dataset: Any, **overrides: Any) -> DataLoader[Any]:
+        """A loader with ``result``'s settings, as measured; ``overrides`` win (``shuffle=True`` etc.).
+
+        What :meth:`autotune.TuneResult.make_loader` returns: a loader fixed to the result (it
+        explores nothing), built by the same builder the search measured with (:meth:`configured`).
+        """
+        return cls.configured(dataset, result.candidate, device=result.device, **overrides)
+
     # -- public ------------------------------------------------------------------------------------
 
     @property
@@ -378,16 +377,17 @@ class DataLoader(tud.DataLoader[T_co]):
 
     @property
     def served_batches(self) -> int:
-        return self._served_batches
+        return self._serving.served_batches if self._serving is not None else 0
 
     def close(self) -> None:
         """Shut the workers down and put back the torch thread count this loader changed."""
         self._finish_epoch()
-        self._held.release()
+        if self._serving is not None:
+            self._serving.release()
 
     def _finish_epoch(self) -> None:
-        for it in list(self._live):
-            it.finish()
+        if self._serving is not None:
+            self._serving.finish_epochs()
 
     def __enter__(self) -> DataLoader[T_co]:
         return self
@@ -398,9 +398,10 @@ class DataLoader(tud.DataLoader[T_co]):
     # -- iteration (torch's _get_iterator idiom) ---------------------------------------------------
 
     def __iter__(self) -> Any:
-        if self.untuned is not None:  # NOTE [ Untuned ]
+        serving = self._serving
+        if serving is None:  # NOTE [ Untuned ]
             return super().__iter__()
-        if self._user_persistent:  # torch keeps one iterator and resets it
+        if serving.user_persistent:  # torch keeps one iterator and resets it
             it = self._epoch_iterator() if self._epoch_iterator is not None else None
             if it is None:
                 it = self._get_iterator()
@@ -410,87 +411,48 @@ class DataLoader(tud.DataLoader[T_co]):
             return it
         return self._get_iterator()
 
-    @property
-    def _eager_start(self) -> bool:
-        """Whether torch would start loading in ``iter()`` (worker processes written by the user)."""
-        return self._user_workers > 0
-
     def _get_iterator(self) -> Any:
-        if self.untuned is not None:  # NOTE [ Untuned ]: torch's own iterator, as torch makes it
+        serving = self._serving
+        if serving is None:  # NOTE [ Untuned ]: torch's own iterator, as torch makes it
             return super()._get_iterator()
-        if self._user_workers > 0:
+        if serving.user_workers > 0:
             self.check_worker_number_rationality()  # torch's warning, where torch gives it
         # With persistent workers written, one iterator is reset from epoch to epoch and torch draws
         # its base seed once: an iterator made again (the last one was dropped) draws none either.
-        fresh = not (self._user_persistent and self._iterated)
+        fresh = not (serving.user_persistent and self._iterated)
         self._iterated = True
-        return EpochIterator(self, self._make_driver, fresh=fresh)
-
-    def _make_driver(self, fresh: bool) -> Driver:
-        """An epoch: its feed from the loader's own sampler and, for a new iterator (not one reset),
-        a base seed drawn as torch's iterators draw it."""
-        feed = None
-        if not isinstance(self.dataset, tud.IterableDataset):
-            source = iter(self._index_sampler)
-            try:
-                length: int | None = len(self._index_sampler)
-            except TypeError:  # a sampler without a length (one that never ends, say)
-                length = None
-            feed = Feed(source, length)
-        if fresh:
-            rng = self.generator if self.generator is not None else torch.default_generator
-            self._seed_state = rng.get_state()
-            self._inner_loaders = 0
-            if isinstance(self.dataset, IterDataPipe):  # torch draws the datapipe's shared seed first
-                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-        if feed is not None and self._user_workers > 0:
-            feed.prime(self._user_workers * self._user_prefetch)
-        t = self._tuning
-        for it in list(self._live):
-            it.finish_if_served()  # an epoch a trainer stopped at len(loader) is over
-        if self._live_iterators():
-            return PlainDriver(self, feed)  # a second live iterator, as torch allows
-        t.begin_epoch()
-        return SettledDriver(self, feed) if t.settled is not None else SearchDriver(self, feed)
-
-    def _register(self, it: EpochIterator) -> None:
-        self._live.add(it)
-
-    def _unregister(self, it: EpochIterator) -> None:
-        self._live.discard(it)
-
-    def _live_iterators(self) -> int:
-        return sum(1 for it in self._live if not it._ended)
-
-    # -- inner loaders (inner.py) ------------------------------------------------------------------
-
-    def _inner_for(self, stretch: Stretch) -> tuple[Any, FeedSampler | None, bool]:
-        """(inner loader, its sampler, whether it is the held one) for ``stretch``."""
-        return inner_for(self, stretch)
-
-    # -- settling ----------------------------------------------------------------------------------
-
-    def _settle(self, c: Candidate) -> None:
-        apply_threads(self, c)
-        if self._held.inner_for is not None and self._held.inner_for != replace(c, torch_threads=None):
-            self._held.drop_inner()
-        _notify("settled", self)
+        return EpochIterator(self, serving, fresh=fresh)
 
     # -- pickling: the configuration travels, the running state does not -------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_held", "_iterator", "_live", "_epoch_iterator"):
+        for name in ("_iterator", "_epoch_iterator"):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._held = Held()
         self._epoch_iterator = None
-        self._live = weakref.WeakSet()
-        weakref.finalize(self, self._held.release)
+        if self._serving is not None:  # its pickling keeps its state and drops what runs
+            self._serving.on_settled = _announce_settled(self)
+            weakref.finalize(self, self._serving.release)
+
+
+def _announce_settled(loader: DataLoader[Any]) -> Callable[[], None]:
+    """Tells the listeners that ``loader`` settled, holding it weakly (NOTE [ Serving state ] in
+    serving.py)."""
+    ref = weakref.ref(loader)
+
+    def announce() -> None:
+        settled = ref()
+        if settled is not None:
+            _notify("settled", settled)
+
+    return announce
+
+
+build_loaders_with(DataLoader.from_result)  # NOTE [ A result's loader ] in result.py
 
 
 def _origin() -> str:

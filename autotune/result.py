@@ -1,9 +1,15 @@
 """What tuning found: :class:`TuneResult`, built the same way by both drivers, its trial table and
 plot, and stored profiles.
 
-Below the drivers (``api``, ``loader``) and the report that reads it (``report``), which it does
-not import; it measures nothing. A stored profile is a ``TuneResult.to_dict()``; :func:`lookup` reads
+Below the drivers (``api``, ``loader``) and the report that reads it (``report``); it imports
+neither and measures nothing. A stored profile is a ``TuneResult.to_dict()``; :func:`lookup` reads
 one back and refuses, with a warning, a record that parses but holds settings no loader could use.
+
+# NOTE [ A result's loader ]
+# ``TuneResult.make_loader`` returns an ``autotune.DataLoader`` fixed to the result. The drop-in is
+# built on this module (its search makes results), so this module does not import it: the drop-in
+# hands its builder (``DataLoader.from_result``) to :func:`build_loaders_with` when it is imported,
+# and importing any part of autotune imports it (``autotune/__init__.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import logging
 import math
 import statistics
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,9 +144,9 @@ class TuneResult:
         count set to ``torch_threads`` while it loads, put back by ``close()`` or when the loader is
         collected. A tunable setting in ``overrides`` (``num_workers=0``, say) replaces the tuned one.
         """
-        from .loader import DataLoader as TunedDataLoader  # the drop-in is built on this module
-
-        return TunedDataLoader.configured(dataset, self.candidate, device=self.device, **overrides)
+        if _loader_builder is None:  # NOTE [ A result's loader ]: autotune was never fully imported
+            raise RuntimeError("make_loader needs autotune.DataLoader: import autotune first")
+        return _loader_builder(self, dataset, **overrides)
 
     def training_args(self) -> dict[str, Any]:
         """The tuned settings as Hugging Face ``transformers.TrainingArguments`` keywords.
@@ -362,6 +368,17 @@ def _series(result: TuneResult) -> dict[tuple[int, str], dict[int, list[tuple[fl
             (m.samples_per_s, m.busy)
         )
     return out
+
+
+_loader_builder: Callable[..., DataLoader[Any]] | None = None
+"""What ``TuneResult.make_loader`` builds with (NOTE [ A result's loader ])."""
+
+
+def build_loaders_with(builder: Callable[..., DataLoader[Any]]) -> None:
+    """``builder(result, dataset, **overrides)`` builds the loaders of ``TuneResult.make_loader``
+    (NOTE [ A result's loader ])."""
+    global _loader_builder
+    _loader_builder = builder
 
 
 def from_decision(decision: Decision, trials: Sequence[TrialRecord], **context: Any) -> TuneResult:

@@ -1,7 +1,8 @@
 """One drop-in loader's tuning across its epochs: the settings the user fixed, the baseline, the
 online search (``online.Explorer``) and its ledger, the settled configuration and the checks on it.
 
-Per-epoch state lives in the epoch's iterator (``epochs.py``); what outlives an epoch lives here.
+Per-epoch state lives in the epoch's iterator (``epochs.py``); what outlives an epoch lives here,
+and what serves it (the inner loader kept, the thread count, the base seed) in ``serving.py``.
 
 # NOTE [ Settled means proven ]
 # A configuration other than the baseline is kept only while it keeps its promise. After each whole

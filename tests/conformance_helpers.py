@@ -120,7 +120,7 @@ def settled(loader: Any, kind: str, threads: Any) -> Any:
         wanted = wanted[1:]
     c = _allowed(loader, wanted)[0]
     loader._tuning.settle_from_profile(None, c)
-    loader._settle(c)
+    loader._serving.settle(c)
     return loader
 
 

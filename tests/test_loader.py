@@ -238,6 +238,19 @@ def test_make_loader_applies_the_measured_thread_count() -> None:
     assert torch.get_num_threads() == before
 
 
+def test_make_loader_builds_what_from_result_builds() -> None:
+    # result.py does not import the drop-in: make_loader builds through the builder the drop-in
+    # hands it (NOTE [ A result's loader ] in result.py), the same loader either way.
+    from autotune.space import Candidate
+
+    result = TuneResult(loader_kwargs=Candidate(8, 1, False, 2, False).loader_kwargs())
+    ds = Remote(32, delay_s=0.0)
+    with result.make_loader(ds) as made, DataLoader.from_result(result, ds) as built:
+        assert type(made) is type(built) is DataLoader
+        assert (made.batch_size, made.num_workers) == (built.batch_size, built.num_workers) == (8, 1)
+        assert _epoch(made, step_s=0.0) == _epoch(built, step_s=0.0) == list(range(32))
+
+
 def test_a_worker_crash_while_exploring_loses_and_repeats_nothing(no_leaked_children) -> None:
     ds = CrashesInWorkers(1024)
     with DataLoader(ds, batch_size=16, shuffle=False, cache=False, pretransform="none") as loader:
@@ -448,7 +461,7 @@ def test_out_of_order_delivery_is_used_once_settled_and_never_while_exploring() 
     unordered = Candidate(16, num_workers=2, prefetch_factor=2, persistent_workers=True, in_order=False)
     with DataLoader.configured(ds, unordered, shuffle=True) as loader:
         assert Counter(_epoch(loader)) == Counter(range(512))
-        settled = loader._held.inner  # the settled configuration's own loader
+        settled = loader._serving.held.inner  # the settled configuration's own loader
         assert settled is not None and settled.in_order is False
 
 
