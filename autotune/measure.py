@@ -23,8 +23,8 @@
 #
 # NOTE [ Queue-corrected windows ]
 # A loader with workers holds up to workers x prefetch finished batches ahead of the loop. A window
-# that starts with that queue full and ends with it drained counts batches made before it opened: on
-# 2 CPUs, 16 workers measured 1,871 samples/s over a window where the loader sustained at most 500.
+# that starts with that queue full and ends with it drained counts batches made before it opened, and
+# can read several times the rate the loader sustains (16 workers on 2 CPUs, say).
 # So a window counts what the loader *produced* in it: the batches the loop took plus the change in
 # the batches finished ahead of it (read from the iterator's result queues and its reorder buffer,
 # ``supervise.ready_batches``), each worth the window's mean batch. A queue that drained lowers the

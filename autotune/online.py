@@ -385,9 +385,9 @@ class Explorer:
         random rest of the transform may still want one, and a gather overlaps the step) and, where
         it is in shared memory and work is left per sample, by a worker process per CPU with the
         step on the fewest torch threads: what is left of loading then runs beside a step that
-        leaves the other CPUs to it (on 2 CPUs and small JPEGs, 1.9x the baseline's epoch against
-        1.2x read in the main process). Where a batch is one gather, a worker process would copy
-        back what it gathered: it costs the step more than it takes off it, and is not tried."""
+        leaves the other CPUs to it, not between steps as in the main process. Where a batch is one
+        gather, a worker process would copy back what it gathered: it costs the step more than it
+        takes off it, and is not tried."""
         out: list[Candidate] = []
         for strategy in ("ram", "device"):
             if strategy not in self.space.pretransforms:

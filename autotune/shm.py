@@ -14,9 +14,9 @@ it is full, and the fix a person can apply.
 #    stacks tensors straight into a shared segment in a worker, but other tensors of the batch (the
 #    labels made from Python numbers, whatever a custom collate_fn returns) are moved there only
 #    when the queue's feeder thread pickles them; one that fails there is lost, printed and
-#    dropped, and the loader waits for the batch for ever (seen here in 1 of 12 runs of two
-#    workers whose allocations raced). :class:`SharedInWorker` moves them in the worker's own fetch,
-#    where a failure is raised as the worker's error; what the loop receives is the same either way.
+#    dropped, and the loader waits for the batch for ever (seen here where two workers' allocations
+#    raced). :class:`SharedInWorker` moves them in the worker's own fetch, where a failure is raised
+#    as the worker's error; what the loop receives is the same either way.
 #    torch's ``file_system`` sharing strategy does not help: it too creates its segments with
 #    shm_open in /dev/shm, and measured it fails the same way, only worse (the batch is lost in the
 #    queue's feeder thread and the loader waits for its timeout). It is not searched.

@@ -128,11 +128,11 @@ def reap(pids: set[int], timeout_s: float = SHUTDOWN_TIMEOUT_S) -> list[int]:
 # The watchdog is a Python thread: every time it reads a file it lets go of the GIL, and while the
 # main thread runs Python code (a step, a dataset) it gets it back only after the interpreter's switch
 # interval, 5 ms. Reading the memory of every descendant means reading the status of every process on
-# the machine to find them (psutil's ``children``), several files each: measured beside a step that
-# spins in Python, one such reading took 2.4 s on a machine with 66 processes, and the time limit,
-# checked against a clock read before it, was enforced seconds late. So the watchdog reads the clock
-# before and after the memory, and counts only the main process and the trial's own workers, whose
-# pids it has (a worker's own children are not counted).
+# the machine to find them (psutil's ``children``), several files each: beside a step that spins in
+# Python, one such reading can take seconds on a machine with a few dozen processes, and a time
+# limit checked against a clock read before it is then enforced seconds late. So the watchdog reads
+# the clock before and after the memory, and counts only the main process and the trial's own
+# workers, whose pids it has (a worker's own children are not counted).
 
 
 class Watchdog(threading.Thread):

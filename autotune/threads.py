@@ -24,14 +24,14 @@
 # when that call returns (it then takes no new work) or with the process.
 #
 # Why not torchdata.nodes: ``ParallelMapper(method="thread")``, ``Prefetcher`` and ``PinMemory`` do
-# this job, and measured side by side with the same settings they were on par with this pool
-# (0.90x to 1.27x of it over five workloads, benchmarks/PARALLELISM.md, on a machine where two
-# medians of one configuration differ by up to 20 %). But autotune's required dependencies are torch,
-# torchvision, optuna and psutil, and a second code path used only when torchdata happens to be
-# installed would mean that what the search measured is not always what the user gets. The pool
-# below is small, uses only public DataLoader attributes plus torch's fetcher, and is tested against
-# every configuration the search can produce, including being collected from one of its own threads
-# (torchdata.nodes 0.11's ParallelMapper raised "cannot join current thread" there in the benchmark).
+# this job, and measured side by side with the same settings over five workloads they were on par
+# with this pool (benchmarks/results/parallelism/PARALLELISM.md). But autotune's required
+# dependencies are torch, torchvision, optuna and psutil, and a second code path used only when
+# torchdata happens to be installed would mean that what the search measured is not always what the
+# user gets. The pool below is small, uses only public DataLoader attributes plus torch's fetcher,
+# and is tested against every configuration the search can produce, including being collected from
+# one of its own threads (torchdata.nodes 0.11's ParallelMapper raised "cannot join current thread"
+# there in the benchmark).
 #
 # Randomness: transforms in the threads draw from the process-wide RNGs in whatever order the threads
 # run, so a seed fixes the sample order (the sampler's generator) but not the augmentation, as with

@@ -100,8 +100,7 @@ class Workload:
 # label can be read off the image and a model has something real to learn (SmallCNN reaches about 60 %
 # held-out accuracy within a few epochs of 2000 images): training on these data behaves like training,
 # not like fitting noise. Generation is vectorised in chunks, channel-first so the per-channel
-# broadcast runs over contiguous memory (channel-last was 4x slower); 50 000 32x32 images take about
-# a second.
+# broadcast runs over contiguous memory; 50 000 32x32 images take about a second.
 
 
 def _class_palette(classes: int) -> np.ndarray:

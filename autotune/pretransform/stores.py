@@ -247,17 +247,15 @@ def shared_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
 # NOTE [ Populating a cache's pages ]
 # A cache's buffer is fresh memory: the first write to each 4 KiB page faults, and the kernel (on a
 # virtual machine, the hypervisor too) finds, zeroes and maps a page for it, one page at a time. That
-# costs more than the copy itself: on a 2-CPU virtual machine, writing 150 KB samples one after
-# another into a fresh shared buffer took 262-689 us a sample (three fresh processes), and 76-228 us
-# with the pages populated 8 MiB ahead by madvise(MADV_POPULATE_WRITE) (Linux 5.14+; interleaved with
-# them, on a busy machine), against a photo's load of about 600 us; a first epoch over 6,000
-# photos that filled the cache took 0.94-1.04x (median 0.95x) the time it took without (4 interleaved
-# rounds, fresh processes, memory the machine had used before). A ragged column is written at a
-# cursor that only moves forward, so the space ahead of each writer's last write is populated a chunk
-# at a time (a little past what it may use, never the whole headroom); rows of fixed shape land
-# anywhere and every one of them will be written, so their field is populated whole when it is
-# allocated. Populating changes no byte, it only does ahead what the writes would; where the call
-# is missing (another OS, an older kernel) the pages fault one at a time as before.
+# costs more than the copy itself, for a decoded photo about as much as its load. Populated
+# POPULATE_AHEAD_BYTES ahead by madvise(MADV_POPULATE_WRITE) (Linux 5.14+), the pages cost a fraction
+# of that, so the epoch that fills the cache pays little more than its copies
+# (benchmarks/scripts/fill.py measures that epoch against one without the cache). A ragged column is
+# written at a cursor that only moves forward, so the space ahead of each writer's last write is
+# populated a chunk at a time (a little past what it may use, never the whole headroom); rows of
+# fixed shape land anywhere and every one of them will be written, so their field is populated whole
+# when it is allocated. Populating changes no byte, it only does ahead what the writes would; where
+# the call is missing (another OS, an older kernel) the pages fault one at a time as before.
 
 POPULATE_AHEAD_BYTES = 8 << 20
 """Bytes of a ragged buffer populated at once ahead of a write (NOTE [ Populating a cache's pages ])."""
@@ -450,8 +448,8 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 
     Not ``Tensor.copy_``: above a few ten thousand elements (one decoded photo) it hands the copy to
     torch's OpenMP threads, and on a machine whose cores are busy their spinning makes each such call
-    take milliseconds where the copy itself takes microseconds (benchmarks/SPIN.md). A dtype NumPy
-    lacks, or a cast, falls back to ``copy_``.
+    take milliseconds where the copy itself takes microseconds (benchmarks/results/spin/SPIN.md). A
+    dtype NumPy lacks, or a cast, falls back to ``copy_``.
     """
     if src.numel() >= MEMCPY_FROM:
         try:
