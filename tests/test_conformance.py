@@ -871,6 +871,27 @@ def test_kept_workers_warn_past_a_stream_s_length_asked_after_they_started(strea
     assert expected[0] == 0 and expected[1] > 0 and got == expected
 
 
+def test_an_epoch_left_early_does_not_ask_a_stream_s_length(stream_state: str) -> None:
+    # Only the user's len(loader) marks a stream's length as asked: an epoch left early (its
+    # iterator collected) does not, so the next epoch warns as torch's does, not at all.
+    class Longer(SizedStream):
+        def __len__(self) -> int:
+            return 10
+
+    def loop(loader: Any, g: Any) -> int:
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break
+        gc.collect()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            list(loader)
+        return sum("Length of IterableDataset" in str(w.message) for w in seen)
+
+    expected, got = both(stream_state, loop, Longer, kwargs=lambda ds, g: {"batch_size": 2})
+    assert expected == 0 and got == expected
+
+
 def test_workers_kept_alive_see_the_dataset_as_they_started(state: str) -> None:
     # persistent_workers=True written: torch keeps the same worker processes for the run, so a change
     # the main process makes to the dataset between epochs never reaches them.
