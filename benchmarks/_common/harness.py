@@ -4,8 +4,10 @@ the machine."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,29 @@ def out_folder(args: argparse.Namespace, script: str, quick_prefix: str) -> Path
     if args.out is not None:
         return Path(args.out)
     return Path(tempfile.mkdtemp(prefix=quick_prefix)) if args.quick else results_folder(script)
+
+
+def add_out(parser: argparse.ArgumentParser, script: str) -> None:
+    """``--out DIR``, by default the results folder of the script whose ``__file__`` is ``script``."""
+    name = Path(script).stem
+    parser.add_argument("--out", type=Path, default=results_folder(script),
+                        help=f"folder for {name.upper()}.md and {name}.json"
+                        f" (default: benchmarks/results/{name}/)")
+
+
+def add_render(parser: argparse.ArgumentParser, page: str) -> None:
+    """``--render JSON``: measure nothing, write ``page`` again from the figures of an earlier run."""
+    parser.add_argument("--render", type=Path, default=None, metavar="JSON",
+                        help=f"measure nothing: write {page} again beside the JSON of an earlier run")
+
+
+def render(args: argparse.Namespace, page: str, write: Callable[[Any, Path], None]) -> bool:
+    """Write ``page`` with ``write`` beside the figures ``--render`` names; whether it was asked for."""
+    if args.render is None:
+        return False
+    source = Path(args.render)
+    write(json.loads(source.read_text()), source.with_name(page))
+    return True
 
 
 def fill_in(args: argparse.Namespace, quick: dict[str, Any], full: dict[str, Any]) -> None:

@@ -147,7 +147,7 @@ NOOP_PLAIN = "print('no loader here')\n"
 
 
 def log(message: str) -> None:
-    print(f"[run_seed {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    print(f"[autotune_run {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _env(cache: Path) -> dict[str, str]:

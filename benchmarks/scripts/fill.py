@@ -153,13 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--torch-threads", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=harness.results_folder(__file__),
-                        help="folder for FILL.md and fill.json (default: benchmarks/results/fill/)")
-    parser.add_argument("--render", type=Path, default=None, metavar="JSON",
-                        help="measure nothing: write FILL.md again beside a fill.json of an earlier run")
+    harness.add_out(parser, __file__)
+    harness.add_render(parser, "FILL.md")
     args = parser.parse_args(argv)
-    if args.render is not None:
-        write_markdown(json.loads(args.render.read_text()), args.render.with_name("FILL.md"))
+    if harness.render(args, "FILL.md", write_markdown):
         return 0
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)

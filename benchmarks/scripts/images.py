@@ -337,8 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="tuning budget, seconds")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds of measurement")
     parser.add_argument("--only", nargs="*", default=None, help="workload names to run")
-    parser.add_argument("--out", type=Path, default=harness.results_folder(__file__),
-                        help="folder for IMAGES.md and images.json (default: benchmarks/results/images/)")
+    harness.add_out(parser, __file__)
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="autotune-images-"))

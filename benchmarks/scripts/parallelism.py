@@ -420,11 +420,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder for PARALLELISM.md and parallelism.json (default:"
                         " benchmarks/results/parallelism/, or a temporary folder with --quick)")
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=WORKLOADS)
-    parser.add_argument("--render", type=Path, default=None, metavar="JSON",
-                        help="only write PARALLELISM.md again from a parallelism.json of an earlier run")
+    harness.add_render(parser, "PARALLELISM.md")
     args = parser.parse_args(argv)
-    if args.render is not None:
-        write_markdown(json.loads(args.render.read_text()), args.render.with_name("PARALLELISM.md"))
+    if harness.render(args, "PARALLELISM.md", write_markdown):
         return 0
     n_rounds = 2 if args.quick else args.rounds
     out = args.out or (Path(tempfile.mkdtemp(prefix="autotune-parallelism-")) if args.quick

@@ -119,18 +119,15 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=30.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=harness.results_folder(__file__),
-                        help="folder for RANKS.md and ranks.json (default: benchmarks/results/ranks/)")
-    parser.add_argument("--render", type=Path, default=None, metavar="JSON",
-                        help="measure nothing: write RANKS.md again beside a ranks.json of an earlier run")
+    harness.add_out(parser, __file__)
+    harness.add_render(parser, "RANKS.md")
     parser.add_argument("--rank-mode", choices=["tune", "measure"], help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rank_mode:
         _rank_main(args.rank_mode, args.work, args.budget, args.rounds)
         return 0
-    if args.render is not None:
-        write_markdown(json.loads(args.render.read_text()), args.render.with_name("RANKS.md"))
+    if harness.render(args, "RANKS.md", write_markdown):
         return 0
 
     from autotune.space import Candidate
