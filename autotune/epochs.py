@@ -104,7 +104,7 @@ from .measure import (
     Measurement,
     batch_length,
     produced,
-    quiet_worker_warning,
+    quiet_pickle_warning,
     window_log_se,
 )
 from .online import STRETCH_MIN_BATCHES, STRETCH_WINDOW_S, Outcome, drained_span
@@ -342,7 +342,7 @@ class Stretch:
                 baseline=self.baseline, private=self.private)
             # torch's own warnings for the user's settings were given by the loader's iter(); a
             # candidate's pickling failure is its reason, the baseline's the user's to see.
-            with quiet_worker_warning(pickle_errors=not self.baseline):
+            with quiet_pickle_warning(None if self.baseline else self.inner):
                 self.it = start_iterator(self.inner)
         except Exception as err:
             if self.baseline:

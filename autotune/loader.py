@@ -46,6 +46,7 @@ import contextlib
 import inspect
 import logging
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -62,6 +63,7 @@ from .plan import baseline_candidate, make_plan
 from .result import DEFAULT_EPOCHS, TuneResult, build_loaders_with
 from .serving import Serving
 from .space import Candidate
+from .threads import PINNED_WITHOUT_ACCELERATOR
 from .tuning import Fixed, Tuning
 
 T_co = TypeVar("T_co", covariant=True)
@@ -417,6 +419,9 @@ class DataLoader(tud.DataLoader[T_co]):
             return super()._get_iterator()
         if serving.user_workers > 0:
             self.check_worker_number_rationality()  # torch's warning, where torch gives it
+        if self.pin_memory and not torch.accelerator.is_available():
+            # torch's warning at each iterator's start; the stretches themselves never pin here
+            warnings.warn(PINNED_WITHOUT_ACCELERATOR, stacklevel=3)
         # With persistent workers written, one iterator is reset from epoch to epoch and torch draws
         # its base seed once: an iterator made again (the last one was dropped) draws none either.
         fresh = not (serving.user_persistent and self._iterated)

@@ -303,6 +303,10 @@ def build_loader(
         kwargs.pop("batch_size")
         kwargs.pop("shuffle")
     kwargs.update(overrides)
+    if kwargs.get("pin_memory") and not torch.accelerator.is_available():
+        # torch would not pin either; without the flag the stretch skips torch's warning, which the
+        # drop-in gives once per epoch as torch does (DataLoader._get_iterator)
+        kwargs["pin_memory"] = False
     workers = kwargs.get("num_workers", 0)
     if candidate.threaded:
         if workers:
@@ -335,18 +339,35 @@ def build_loader(
     else:  # a batch that /dev/shm cannot hold fails in the worker, not lost in its queue
         kwargs["collate_fn"] = shm.SharedInWorker(
             _torch_collate(kwargs) if kwargs.get("collate_fn") is None else kwargs["collate_fn"])
-    with quiet_worker_warning():
-        return DataLoader(data, **kwargs)
+    return CandidateLoader(data, **kwargs)
+
+
+class CandidateLoader(DataLoader[Any]):
+    """torch's DataLoader without its too-many-workers advice: the search decides the worker count
+    by measuring, and the user was given torch's warning for their own settings already.
+
+    Overriding the check, not filtering the warning, matters: ``warnings.catch_warnings`` resets
+    Python's shown-once registry, so every stretch built in one would show the user's once-only
+    warnings (``pin_memory`` without CUDA, say) again.
+    """
+
+    def check_worker_number_rationality(self) -> None:
+        pass
 
 
 @contextlib.contextmanager
-def quiet_worker_warning(*, pickle_errors: bool = True) -> Iterator[None]:
-    """Silence PyTorch's too-many-workers warning: the search decides that by measuring; and, unless
-    ``pickle_errors=False``, its pickling warning, which a failed candidate reports with the fix."""
+def quiet_pickle_warning(loader: Any) -> Iterator[None]:
+    """Silence torch's pickling warning while ``loader``'s workers start: a candidate that cannot be
+    sent to them fails with that reason and its fix. Only where workers are spawned (the warning
+    comes from nowhere else), since entering ``catch_warnings`` re-arms every shown-once warning;
+    ``None`` (the user's own settings) keeps the warning for the user."""
+    spawned = (loader is not None and bool(getattr(loader, "num_workers", 0))
+               and start_method(getattr(loader, "multiprocessing_context", None)) != "fork")
+    if not spawned:
+        yield
+        return
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="This DataLoader will create")
-        if pickle_errors:
-            warnings.filterwarnings("ignore", message="Got pickle error when attempting to start a worker")
+        warnings.filterwarnings("ignore", message="Got pickle error when attempting to start a worker")
         yield
 
 
@@ -360,7 +381,7 @@ def _torch_collate(kwargs: dict[str, Any]) -> Callable[[Any], Any]:
 def _start(loader: Any, candidate: Candidate) -> Any:
     """``iter(loader)``; a dataset that cannot be sent to spawned workers fails the candidate."""
     try:
-        with quiet_worker_warning():
+        with quiet_pickle_warning(loader):
             return start_iterator(loader)
     except (TypeError, AttributeError, pickle.PicklingError) as err:
         if candidate.num_workers == 0 or candidate.threaded or "pickle" not in str(err).lower():

@@ -81,6 +81,10 @@ def _positive_int(name: str, value: Any, fix: str) -> int:
     return value
 
 
+PINNED_WITHOUT_ACCELERATOR = ("'pin_memory' argument is set as true but no accelerator is found, then device"
+                              " pinned memory won't be used.")
+"""torch's warning, word for word, at each iterator's start where ``pin_memory=True`` cannot pin."""
+
 class ThreadDataLoader(DataLoader[Any]):
     """A DataLoader whose batches are loaded by ``worker_threads`` threads (see NOTE [ Thread workers ]).
 
@@ -234,10 +238,7 @@ class _ThreadLoaderIter:
             available = torch.accelerator.is_available()
             accelerator = torch.accelerator.current_accelerator() if available else None
             if accelerator is None:
-                warnings.warn(
-                    "'pin_memory' argument is set as true but no accelerator is found, then device"
-                    " pinned memory won't be used.", stacklevel=3,
-                )
+                warnings.warn(PINNED_WITHOUT_ACCELERATOR, stacklevel=3)
             else:
                 pin_device = accelerator.type
         self._in_order = bool(loader.in_order)

@@ -892,6 +892,26 @@ def test_an_epoch_left_early_does_not_ask_a_stream_s_length(stream_state: str) -
     assert expected == 0 and got == expected
 
 
+def test_a_warning_shown_once_is_shown_once_as_torch_shows_it(state: str) -> None:
+    # torch warns about pin_memory without an accelerator at every iter(); Python shows it once per
+    # place under the default filter. Stretches built under catch_warnings would re-arm it each time.
+    def loop(loader: Any, g: Any) -> dict[str, int]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("default")
+            for _ in range(4):
+                for _batch in loader:
+                    pass
+        shown: dict[str, int] = {}
+        for w in seen:
+            if not issubclass(w.category, autotune.AutotuneWarning):
+                shown[str(w.message)] = shown.get(str(w.message), 0) + 1
+        return shown
+
+    expected, got = both(state, loop, lambda: Indexed(40), kwargs=lambda ds, g: {
+        "batch_size": 4, "pin_memory": True})
+    assert got == expected
+
+
 def test_workers_kept_alive_see_the_dataset_as_they_started(state: str) -> None:
     # persistent_workers=True written: torch keeps the same worker processes for the run, so a change
     # the main process makes to the dataset between epochs never reaches them.

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from autotune.exceptions import ConfigurationError
 from autotune.machine import detect_machine
-from autotune.measure import quiet_worker_warning
+from autotune.measure import CandidateLoader
 from autotune.space import (
     MAX_WORKERS,
     WORKERS_PER_CPU,
@@ -42,10 +42,9 @@ datasets), thread workers only (data on the GPU, or that cannot be pickled)."""
 
 def _accepted(c: Candidate) -> None:
     """Build the loader the candidate's kwargs are for; both classes raise on an invalid combination."""
-    cls = ThreadDataLoader if c.threaded else DataLoader
-    assert c.loader_class.endswith(cls.__name__)
-    with quiet_worker_warning():  # PyTorch's advice on worker counts, not an error
-        cls(DATA, **c.loader_kwargs())
+    assert c.loader_class.endswith((ThreadDataLoader if c.threaded else DataLoader).__name__)
+    # without PyTorch's advice on worker counts, which is not an error
+    (ThreadDataLoader if c.threaded else CandidateLoader)(DATA, **c.loader_kwargs())
 
 
 @pytest.mark.parametrize("kind", SPACES)
