@@ -56,6 +56,7 @@ import torch
 import torch.utils.data as tud
 
 from . import preflight
+from . import pretransform as pt
 from .describe import dataset_length
 from .epochs import EpochIterator
 from .exceptions import ConfigurationError
@@ -303,7 +304,11 @@ class DataLoader(tud.DataLoader[T_co]):
             store_args=({"cache_dir": cache_dir, "storage": storage}
                         if cache and configured is None else None),
             origin=self._origin,
-            reads_in_main=user_workers == 0 or not self.explicit_settings_are_fixed,
+            # Samples are read in the main process only where the user's loader reads them there,
+            # or where that changes nothing the workers read (pt.reads_alike_anywhere); a
+            # worker_init_fn may set up state in the workers that the cache's wrapper would hide.
+            reads_in_main=(user_workers == 0 or not self.explicit_settings_are_fixed
+                           or (worker_init_fn is None and pt.reads_alike_anywhere(dataset))),
             # A worker_init_fn runs in worker processes; a dataset that sets the process's random
             # state per sample (the plan reads its code) would race with itself on threads.
             threads_allowed=worker_init_fn is None and plan.max_threads != 0,

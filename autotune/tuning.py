@@ -140,7 +140,8 @@ class Tuning:
         self.store_args = store_args
         self.origin = origin
         self.reads_in_main = reads_in_main
-        """Whether the user's settings read samples in the main process (then planning a cache may)."""
+        """Whether samples may be read in the main process (then planning a cache may): the user's
+        settings read them there, or reading them there changes nothing the workers read."""
         self.threads_allowed = threads_allowed
         self.ledger = Ledger(plan.dataset_len, plan.epochs)
         self.history: list[TrialRecord] = []

@@ -633,3 +633,56 @@ def test_a_worker_count_far_past_the_cpus_is_measured_within_a_short_epoch() -> 
     assert first.phase == "baseline" and first.state == "complete"
     assert first.candidate.num_workers == 16
     loader.close()
+
+
+# -- the cache where the user's workers serve ---------------------------------------------------------
+
+
+def _png_folder(root: Any, n: int = 96) -> str:
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    for i in range(n):
+        folder = root / f"class{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = torch.randint(0, 256, (12, 12, 3), generator=g, dtype=torch.uint8).numpy()
+        Image.fromarray(pixels).save(folder / f"{i:03d}.png")
+    return str(root)
+
+
+def _folder_epochs(make: Any, root: str, n_epochs: int) -> tuple[Any, list[list[torch.Tensor]]]:
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    transform = T.Compose([T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))])
+    loader = make(ImageFolder(root, transform=transform), batch_size=8, shuffle=True, num_workers=2,
+                  generator=torch.Generator().manual_seed(1))
+    return loader, [[torch.cat([x.flatten(1), y[:, None].float()], 1) for x, y in loader]
+                    for _ in range(n_epochs)]
+
+
+def test_written_workers_over_torchvision_s_folder_fill_the_cache_as_they_serve(tmp_path: Any) -> None:
+    # num_workers=2 written: the user's workers read the samples, so the ram cache fills in them
+    # (torchvision's own folder reads alike in any process, so the cache may be planned here).
+    root = _png_folder(tmp_path / "images")
+    _, expected = _folder_epochs(torch.utils.data.DataLoader, root, 2)
+    loader, got = _folder_epochs(DataLoader, root, 2)
+    assert len(got) == len(expected) == 2
+    for a, b in zip(got, expected, strict=True):
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    filling = loader._tuning.filling  # the drop-in's own state: which cache it fills
+    assert filling is not None, "no cache planned for a folder served by the user's workers"
+    assert filling.fill_counts().filled > 0
+
+
+def test_written_workers_over_a_dataset_of_the_user_s_own_read_nothing_in_the_main_process() -> None:
+    # The same settings over a dataset whose reads torch keeps in the workers: no cache is planned,
+    # since planning one reads samples here (test_conformance checks no read happens).
+    class Own(torch.utils.data.TensorDataset):
+        def __getitem__(self, i: int) -> Any:
+            return super().__getitem__(i)
+
+    plain = torch.utils.data.TensorDataset(torch.arange(64.0))
+    for dataset, planned in ((Own(torch.arange(64.0)), False), (plain, True)):
+        loader = DataLoader(dataset, batch_size=8, num_workers=2)
+        assert loader._tuning.reads_in_main is planned

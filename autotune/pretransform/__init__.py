@@ -74,6 +74,7 @@ from .choose import (
 )
 from .filling import FillCounts
 from .reuse import clear_builds
+from .sources import reads_alike_anywhere
 
 __all__ = [
     "FILLS",
@@ -84,6 +85,7 @@ __all__ = [
     "estimate_build_s",
     "holds_cuda_tensors",
     "prepare",
+    "reads_alike_anywhere",
     "shm_bytes",
     "strategies",
 ]

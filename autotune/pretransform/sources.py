@@ -70,6 +70,35 @@ def vision_source(dataset: Any) -> Source | None:
     return Source(raw, transform_steps(transform), isinstance(dataset, DatasetFolder))
 
 
+READ_ALIKE_ANYWHERE = ("DatasetFolder", "CIFAR10", "MNIST", "SVHN", "STL10", "FakeData")
+"""torchvision's dataset classes whose ``__getitem__`` holds nothing open between reads: an image
+file opened and closed per sample (with torchvision's own loader), or arrays loaded at construction."""
+
+
+def reads_alike_anywhere(dataset: Any) -> bool:
+    """Whether reading samples of ``dataset`` in the main process changes nothing its worker
+    processes read later, so that a cache may be planned there although the user's workers serve.
+
+    A dataset of the user's own may open a handle on its first read (an HDF5 or LMDB file) that
+    forked workers would then share, as torch warns against: torch never reads a sample in the main
+    process when workers are given, and neither does the loader, except for these torchvision
+    classes and ``TensorDataset``, with their own ``__getitem__`` and loader.
+    """
+    import torchvision.datasets as tvd
+    from torch.utils.data import TensorDataset
+
+    owner = next((c for c in type(dataset).__mro__ if "__getitem__" in vars(c)), None)
+    if owner is TensorDataset:
+        return True
+    if owner is None or not owner.__module__.startswith("torchvision.datasets."):
+        return False
+    if not any(owner is getattr(tvd, name) or issubclass(owner, getattr(tvd, name))
+               for name in READ_ALIKE_ANYWHERE):
+        return False
+    loader = getattr(dataset, "loader", None)
+    return loader is None or loader in (tvd.folder.default_loader, tvd.folder.pil_loader)
+
+
 def file_parts(dataset: Any) -> list[Part]:
     """The files a dataset lists (``fresh.listed_paths``), each by its size and modification time; a
     message names the one changed."""
