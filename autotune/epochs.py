@@ -27,8 +27,8 @@
 # NOTE [ Bursts ]
 # Worker processes started together finish their batches together: batches arrive in bursts, one per
 # worker, with a gap while the next round is loaded. A short window that opens in a gap and closes at
-# the end of a burst counts the burst's batches over a fraction of the cycle: with 7 workers, a window
-# of 7 batches was seen to measure 3x what the stretch delivered over its length. Where the loop waited
+# the end of a burst counts the burst's batches over a fraction of the cycle, and reads a multiple of
+# what the stretch delivers over its length. Where the loop waited
 # for data after the warm-up (a fetch that found no batch ready), the window therefore runs from the
 # first such fetch to the last: two items that each opened a burst, the same point of the workers'
 # cycle, with whole cycles between them. A fetch that waited also proves that nothing made ready during
@@ -56,11 +56,9 @@
 # The first stretch of the search serves the baseline while the process itself still warms up: the
 # first steps of a training run are slower (allocations, caches, the page cache), with torch's own
 # loader as much as with any. Its rate is the reference every other stretch's cost is weighed against
-# (NOTE [ Online search ], 4, in online.py). Measured from its start, it was 782 samples/s on a
-# text-chunk workload (a 256-byte read per sample, 2 CPUs) whose later baseline stretches ran at
-# 1000-1300: the search's stretches were weighed at 0.2 s where they cost the epoch over a second,
-# and the bound on exploring rarely bound. With the window opened a window's time later, the same
-# workload measured 1108-1212 samples/s and its stretches 0.33-0.51 s. So its window opens only after
+# (NOTE [ Online search ], 4, in online.py). Measured from its start, it reads slower than the same
+# settings do later, so every other stretch's cost is underweighted and the bound on exploring rarely
+# binds. So its window opens only after
 # it has served one window's time, or where the epoch is short, as many of its items as leave room
 # for a window; it may serve twice the share of the epoch other stretches may. Neither costs anything:
 # the baseline is what the user's loop would have run anyway.
@@ -68,11 +66,10 @@
 # NOTE [ The search fills from its first stretch ]
 # Where a ram cache applies, the search's plan (its space, the probes that plan and prove the cache)
 # is made and the cache's fill started before its first stretch (``Tuning.start_filling``), so that
-# the whole first epoch loads through the cache. Planned once the first stretch had been measured,
-# that stretch (up to half of a short epoch) stored nothing: on photos of 120-320 px the cache held
-# 58-73 % of the samples after epoch 1 (two runs), the check that measures it (NOTE [ Settled means
-# proven ] in tuning.py) came in epoch 3 instead of 2, and epoch 2 ran at the pace of the user's
-# settings. It also makes the first epoch's comparisons even: the baseline pays the fill's copies as
+# the whole first epoch loads through the cache. Planned after the first stretch, that stretch (up to
+# half of a short epoch) would store nothing, the cache would be incomplete after epoch 1, and the
+# check that measures it (NOTE [ Settled means proven ] in tuning.py) would wait an epoch longer.
+# It also makes the first epoch's comparisons even: the baseline pays the fill's copies as
 # every candidate measured after it does, where its rate had been measured without them and each
 # candidate was weighed against it with them.
 #
@@ -130,7 +127,7 @@ WAITED_S = 0.001
 
 HIDE_STARTUP = True
 """Whether a measured stretch serves its backlog while the next one starts (NOTE [ Epochs and
-stretches ]); ``benchmarks/startup.py`` turns it off to measure what it saves."""
+stretches ]); ``benchmarks/scripts/startup.py`` turns it off to measure what it saves."""
 
 
 @dataclass
