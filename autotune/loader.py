@@ -64,6 +64,7 @@ from .plan import baseline_candidate, make_plan
 from .result import DEFAULT_EPOCHS, TuneResult, build_loaders_with
 from .serving import Serving
 from .space import Candidate
+from .supervise import interrupt_held
 from .threads import PINNED_WITHOUT_ACCELERATOR
 from .tuning import Fixed, Tuning
 
@@ -420,8 +421,9 @@ class DataLoader(tud.DataLoader[T_co]):
 
     def _get_iterator(self) -> Any:
         serving = self._serving
-        if serving is None:  # NOTE [ Untuned ]: torch's own iterator, as torch makes it
-            return super()._get_iterator()
+        if serving is None:  # NOTE [ Untuned ]: torch's own iterator, as torch makes it, except
+            with interrupt_held():  # that a Ctrl-C while its workers start is not lost (supervise.py)
+                return super()._get_iterator()
         if serving.user_workers > 0:
             self.check_worker_number_rationality()  # torch's warning, where torch gives it
         if self.pin_memory and not torch.accelerator.is_available():

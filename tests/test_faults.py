@@ -786,9 +786,15 @@ def test_a_ctrl_c_while_a_worker_is_forked_is_never_lost(ctrl_c: None, no_leaked
     # starts workers and delivers it after; whichever fork the signal lands in, it stops the loop.
     import autotune
 
-    for forks_before in (0, 3):
-        loader = autotune.DataLoader(Vectors(64, delay_s=0.002), batch_size=8, epochs=6, num_workers=2,
-                                     multiprocessing_context="fork")
+    class Unsized(Vectors):  # given a sampler, served untuned by torch's own iterator
+        __len__ = None  # type: ignore[assignment]
+
+    cases = [(Vectors(64, delay_s=0.002), {}, forks) for forks in (0, 3)]
+    cases.append((Unsized(64), {"sampler": list(range(64))}, 1))
+    for dataset, kwargs, forks_before in cases:
+        loader = autotune.DataLoader(dataset, batch_size=8, epochs=6, num_workers=2,
+                                     multiprocessing_context="fork", **kwargs)
+        assert (loader.untuned is not None) == isinstance(dataset, Unsized)
         _SIGINT_IN_FORK_HOOK[:] = [forks_before]
         try:
             with pytest.raises(KeyboardInterrupt):
