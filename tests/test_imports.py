@@ -8,9 +8,14 @@ hides the tie from Python's import order.
 from __future__ import annotations
 
 import ast
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
 
@@ -120,18 +125,107 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+PRELOADED = ("torch", "torchvision", "optuna", "psutil")
+"""Imported once before the forks: the dependencies every module would otherwise import again."""
+
+_EACH_ALONE = r"""
+import importlib, json, os, runpy, shutil, sys, tempfile, traceback
+
+fresh, preload, jobs, width = json.loads(sys.argv[1])
+for name in preload:
+    importlib.import_module(name)
+early = sorted(m for m in sys.modules if m.split(".")[0] in fresh)
+if early:
+    sys.exit(f"imported before the fork: {early}")
+
+
+def run(job):
+    if "module" in job:  # as `python -c "import MODULE"`
+        importlib.import_module(job["module"])
+    else:  # as `python SCRIPT ARGV...`: the script's folder first on sys.path, not the working one
+        sys.argv = [job["script"], *job["argv"]]
+        sys.path[0] = os.path.dirname(os.path.abspath(job["script"]))
+        runpy.run_path(job["script"], run_name="__main__")
+
+
+def child(job, out, err):
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    code = 0
+    try:
+        run(job)
+    except SystemExit as e:  # as the interpreter reads it
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+folder = tempfile.mkdtemp(prefix="each-alone-")
+results, running, pending = {}, {}, list(enumerate(jobs))
+sys.stdout.flush()
+sys.stderr.flush()
+while pending or running:
+    if pending and len(running) < width:
+        i, job = pending.pop(0)
+        out, err = (os.path.join(folder, f"{i}.{name}") for name in ("out", "err"))
+        pid = os.fork()
+        if pid == 0:  # nothing of the fresh packages is loaded in the child: it imports them itself
+            child(job, out, err)
+        running[pid] = (job["name"], out, err)
+        continue
+    pid, status = os.wait()
+    name, out, err = running.pop(pid)
+    results[name] = {"code": os.waitstatus_to_exitcode(status),
+                     "out": open(out).read(), "err": open(err).read()[-3000:]}
+shutil.rmtree(folder)
+print(json.dumps(results))
+"""
+"""Imports the preloaded modules and checks that no module of the fresh packages came with them, then
+runs each job in a child forked from that state, a few at a time: a job imports a module, or runs a
+script by its path with its arguments. Prints each job's exit status, stdout and end of stderr."""
+
+
+def run_each_alone(root: Path, jobs: list[dict[str, Any]], *, fresh: tuple[str, ...],
+                   preload: tuple[str, ...] = PRELOADED) -> dict[str, dict[str, Any]]:
+    """``jobs`` run in ``root`` as ``_EACH_ALONE`` runs them: each job's ``code``, ``out`` and ``err``
+    by its ``name``; an AssertionError when the preloading imported a fresh package."""
+    width = max(2, len(os.sched_getaffinity(0)))
+    proc = subprocess.run([sys.executable, "-c", _EACH_ALONE, json.dumps([fresh, preload, jobs, width])],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results: dict[str, dict[str, Any]] = json.loads(proc.stdout.splitlines()[-1])
+    return results
+
+
+def _import_failures(root: Path, package: str, modules: list[str], preload: tuple[str, ...] = PRELOADED,
+                     ) -> dict[str, str]:
+    done = run_each_alone(root, [{"name": m, "module": m} for m in modules], fresh=(package,),
+                          preload=preload)
+    return {m: r["err"] or f"exit status {r['code']}" for m, r in done.items() if r["code"] != 0}
+
+
 def test_each_module_imports_alone() -> None:
-    # A fresh interpreter per module, a few at a time: an import that only works after another
-    # module was imported first fails here.
-    failures: dict[str, str] = {}
-    pending = list(MODULES)
-    while pending:
-        batch, pending = pending[:4], pending[4:]
-        procs = {m: subprocess.Popen([sys.executable, "-c", f"import {m}"], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, cwd=PACKAGE.parent)
-                 for m in batch}
-        for m, proc in procs.items():
-            _, err = proc.communicate(timeout=300)
-            if proc.returncode != 0:
-                failures[m] = err[-1500:]
+    # Each module imported in a process where no module of the package was imported before it (a
+    # fork of one that imported only the heavy dependencies): an import that only works after
+    # another module was imported first fails here.
+    failures = _import_failures(PACKAGE.parent, PACKAGE.name, MODULES)
     assert not failures, failures
+
+
+def test_an_import_that_needs_another_module_first_fails_alone(tmp_path: Path) -> None:
+    # ``pkg.b`` uses ``pkg.a`` without importing it: it imports after ``pkg.a``, never alone.
+    _package(tmp_path, {"__init__.py": "", "a.py": "VALUE = 1\n", "b.py": "import pkg\n\nX = pkg.a.VALUE\n",
+                        "c.py": "from pkg import a\n\nX = a.VALUE\n"})
+    failures = _import_failures(tmp_path, "pkg", ["pkg", "pkg.a", "pkg.b", "pkg.c"], preload=())
+    assert list(failures) == ["pkg.b"] and "has no attribute 'a'" in failures["pkg.b"], failures
+    # A module of the package loaded before the forks would hide that: the check refuses to run.
+    with pytest.raises(AssertionError, match=r"imported before the fork: \['pkg', 'pkg.a'\]"):
+        _import_failures(tmp_path, "pkg", ["pkg.b"], preload=("pkg.a",))
