@@ -58,8 +58,11 @@ HOGS = (0, 1, 2)
 ARMS = ("defaults", "threads=1", "passive", "thread-w2")
 """The configurations compared (NOTE [ Spin protocol ] 1)."""
 
-QUICK = {"rounds": 1, "batches": 4, "hogs": [1]}
+QUICK = {"rounds": 1, "batches": 2, "hogs": [1]}
 """A smoke run: its figures mean nothing."""
+
+QUICK_WARMUP = 1
+"""The smoke run's warm-up batches: one, so that the timed batches still follow a first one."""
 
 QUICK_OUT_PREFIX = "autotune-spin-out-"
 
@@ -93,14 +96,14 @@ print(json.dumps({{"samples_per_s": n / (time.perf_counter() - t0),
 """
 
 
-def run_arm(arm: str, batches: int) -> dict[str, Any]:
+def run_arm(arm: str, batches: int, warmup: int = WARMUP) -> dict[str, Any]:
     """One arm in a fresh process (NOTE [ Spin protocol ] 1)."""
     env = dict(os.environ)
     env.pop("OMP_WAIT_POLICY", None)
     if arm == "passive":
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     root = str(Path(__file__).resolve().parents[2])
-    source = _ARM.format(root=root, arm=arm, batches=batches, warmup=WARMUP)
+    source = _ARM.format(root=root, arm=arm, batches=batches, warmup=warmup)
     done = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True,
                           timeout=600, check=False)
     if done.returncode != 0:
@@ -109,7 +112,7 @@ def run_arm(arm: str, batches: int) -> dict[str, Any]:
     return out
 
 
-def level(hogs: int, rounds: int, batches: int) -> dict[str, Any]:
+def level(hogs: int, rounds: int, batches: int, warmup: int = WARMUP) -> dict[str, Any]:
     """Every arm, ROUNDS interleaved rounds, beside ``hogs`` busy cores."""
     per: dict[str, list[dict[str, Any]]] = {a: [] for a in ARMS}
     with ExitStack() as stack:
@@ -117,7 +120,7 @@ def level(hogs: int, rounds: int, batches: int) -> dict[str, Any]:
         load_start = harness.load_average()
         for r in range(rounds):
             for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
-                per[arm].append(run_arm(arm, batches))
+                per[arm].append(run_arm(arm, batches, warmup))
                 print(f"  {hogs} busy, round {r + 1}: {arm}: {per[arm][-1]['samples_per_s']:.0f} samples/s",
                       file=sys.stderr, flush=True)
         load_end = harness.load_average()
@@ -200,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick, "machine": harness.describe_machine(),
         "load": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
         "rounds": args.rounds, "batches": args.batches,
+        "warmup": QUICK_WARMUP if args.quick else WARMUP,
     }
-    levels = [level(h, args.rounds, args.batches) for h in args.hogs]
+    levels = [level(h, args.rounds, args.batches, meta["warmup"]) for h in args.hogs]
     meta["total_s"] = round(time.time() - started, 1)
     data = json.dumps({"meta": meta, "levels": levels}, indent=1, default=_json)
     (out / "spin.json").write_text(data + "\n")
