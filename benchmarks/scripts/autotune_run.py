@@ -89,8 +89,15 @@ DEFAULT_ROUNDS = 3
 """Interleaved rounds of the two scripts: the median of three shrugs off one disturbed run."""
 
 QUICK_SAMPLES = 256
-"""``--quick``: 16 batches an epoch; too few to measure a baseline of many workers, which the report
-then says."""
+"""``--quick``: 16 batches an epoch for the speed-up check; too few to measure a baseline of many
+workers, which the report then says, and enough for one of no workers."""
+
+QUICK_SEED_SAMPLES = 128
+"""``--quick``: 8 batches an epoch for the seed's script, whose 20 workers no epoch that short
+measures either way."""
+
+QUICK_TUNE_EPOCHS = 1
+"""``--quick``: epochs of every ``autotune run``."""
 
 DEFAULT_OVERHEAD_RUNS = 5
 """Runs of each no-loader command for the overhead's median."""
@@ -572,7 +579,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         " with --quick, a new temporary folder)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.samples, args.epochs, args.rounds, args.overhead_runs = QUICK_SAMPLES, 1, 1, 1
+        args.samples, args.epochs, args.rounds, args.overhead_runs = QUICK_SEED_SAMPLES, 1, 1, 1
         args.check_samples, args.check_rounds, args.check_epochs = QUICK_SAMPLES, 1, 1
     args.part = args.part or list(PARTS)
     return args
@@ -597,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="autotune-run-seed-work-") as tmp:
         work = Path(tmp)
         if "seed" in parts:
-            tune_epochs = TUNE_EPOCHS if not args.quick else 2
+            tune_epochs = TUNE_EPOCHS if not args.quick else QUICK_TUNE_EPOCHS
             log(f"autotune run on the seed script ({args.samples} samples, {tune_epochs} epochs)")
             data["tune"] = tune(work, samples=args.samples, epochs=tune_epochs)
             log(f"best {data['tune']['best_label']} ({data['tune']['status']}); for torch's DataLoader"
@@ -605,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
             data["compare"] = compare(work, data["tune"], samples=args.samples, epochs=args.epochs,
                                       rounds=args.rounds)
         if "speedup" in parts:
-            tune_epochs = CHECK_TUNE_EPOCHS if not args.quick else 2
+            tune_epochs = CHECK_TUNE_EPOCHS if not args.quick else QUICK_TUNE_EPOCHS
             data["speedup"] = [speedup_check(work, w, samples=args.check_samples, rounds=args.check_rounds,
                                              tune_epochs=tune_epochs, epochs=args.check_epochs)
                                for w in CHECK_WORKERS]
