@@ -6,8 +6,10 @@ only proves that every workload and every configuration is measured and written 
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import runpy
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from test_imports import run_each_alone  # tests/ is on sys.path, as for conftest.py
 
 from autotune.space import Candidate
 from benchmarks.scripts import suite  # the checkout's root is on pytest's pythonpath (pyproject)
@@ -120,20 +123,26 @@ def test_a_full_run_writes_the_committed_results_by_default() -> None:
 SCRIPTS = sorted(p.stem for p in (BENCHMARKS / "scripts").glob("*.py") if p.stem != "__init__")
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_every_script_runs_from_its_path(script: str) -> None:
+def test_every_script_runs_from_its_path() -> None:
     # ``python benchmarks/scripts/x.py`` puts benchmarks/scripts/ on sys.path, not the repository root.
-    proc = subprocess.run([sys.executable, f"benchmarks/scripts/{script}.py", "--help"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "usage:" in proc.stdout
+    # Each script runs so, by its path, in a fork of one process that imported torch and the like but
+    # nothing of autotune or benchmarks.
+    jobs = [{"name": s, "script": f"benchmarks/scripts/{s}.py", "argv": ["--help"]} for s in SCRIPTS]
+    done = run_each_alone(ROOT, jobs, fresh=("autotune", "benchmarks"))
+    assert set(done) == set(SCRIPTS)
+    failures = {s: r["err"] for s, r in done.items() if r["code"] != 0 or "usage:" not in r["out"]}
+    assert not failures, failures
 
 
-def test_python_m_benchmarks_is_the_suite() -> None:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--help"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "--quick" in proc.stdout and "--gpu" in proc.stdout
+def test_python_m_benchmarks_is_the_suite(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # What ``python -m benchmarks --help`` runs, in this process: benchmarks/__main__.py as __main__.
+    monkeypatch.setattr(sys, "argv", ["benchmarks", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("benchmarks", run_name="__main__", alter_sys=True)
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "--quick" in out and "--gpu" in out
 
 
 def test_every_results_folder_is_one_scripts_page_and_figures() -> None:
@@ -159,9 +168,8 @@ def test_committed_pages_are_what_their_script_writes_from_the_figures(
     figures = tmp_path / f"{script}.json"
     figures.write_bytes((committed / figures.name).read_bytes())
     option = "--from-json" if script == "suite" else "--render"
-    proc = subprocess.run([sys.executable, f"benchmarks/scripts/{script}.py", option, str(figures)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    module = importlib.import_module(f"benchmarks.scripts.{script}")
+    assert module.main([option, str(figures)]) == 0
     assert (tmp_path / page.name).read_text() == page.read_text()
 
 
@@ -327,15 +335,13 @@ def test_spin_quick_run_measures_every_arm_in_its_own_process_and_stops_its_hog(
 def test_spin_arms_run_as_they_say() -> None:
     from benchmarks.scripts import spin
 
-    assert spin.run_arm("passive", 1)["omp_wait_policy"] == "PASSIVE"
-    one = spin.run_arm("threads=1", 1)
+    assert spin.run_arm("passive", 1, warmup=0)["omp_wait_policy"] == "PASSIVE"
+    one = spin.run_arm("threads=1", 1, warmup=0)
     assert one["torch_threads"] == 1 and one["omp_wait_policy"] is None
 
 
 @pytest.mark.parametrize("script", ["training", "autotune_run", "repeat", "startup", "spin"])
 def test_focused_benchmarks_write_their_results_folder_unless_quick(script: str) -> None:
-    import importlib
-
     module = importlib.import_module(f"benchmarks.scripts.{script}")
     assert module.out_folder(module.parse_args([])) == RESULTS / script
     assert module.out_folder(module.parse_args(["--out", "elsewhere"])) == Path("elsewhere")
