@@ -319,6 +319,10 @@ class Explorer:
         """``c`` with the user's fixed settings applied (prefetch and persistence made consistent)."""
         fixed = {k: v for k, v in self.allowed_fields.items() if k in Candidate.__dataclass_fields__}
         c = replace(c, **fixed)
+        if c.pin_memory and not self.space.cuda and not self.space.pinned:
+            # pin_memory=True written but not fixed (``autotune run``), without CUDA: torch pins
+            # nothing there, so the candidates derived from it are the same loaders unpinned
+            c = replace(c, pin_memory=False)
         if c.num_workers == 0:
             return replace(c, prefetch_factor=None, persistent_workers=False, worker_kind="process",
                            in_order=True)

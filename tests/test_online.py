@@ -307,6 +307,19 @@ def test_pin_memory_written_without_cuda_still_has_the_other_settings_searched()
         assert all(c.pin_memory and c.num_workers == 2 and space.check(c) is None for c in others)
 
 
+def test_pin_memory_written_as_a_starting_point_without_cuda_leaves_the_cache_searched() -> None:
+    # Under ``autotune run`` what is written is searched around, not fixed: candidates derived from a
+    # pinned baseline carried pin_memory=True into a space without CUDA, which refused each one, the
+    # cache included, so the loader kept the baseline with a cache filled and never measured.
+    base = Candidate(32, num_workers=2, prefetch_factor=2, pin_memory=True)
+    space = replace(SPACE, torch_threads=(1, 2), persistent=False, pretransforms=("none", "ram"))
+    ex = Explorer(space, base, Ledger(50_000, 10), shared_cache=True, cpus=2)
+    assert [c for c in ex.cache_candidates() if c.pretransform == "ram"], ex.cache_candidates()
+    others = [c for c in serve_alike(ex) if c != base]
+    assert {c.pretransform for c in others} == {"none", "ram"}, others
+    assert all(not c.pin_memory and space.check(c) is None for c in others)
+
+
 # -- the stretch's measured window (NOTE [ Bursts ] in epochs.py) ------------------------------------
 
 
