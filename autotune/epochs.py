@@ -6,8 +6,9 @@
 # It is served in consecutive stretches, each by an inner DataLoader of one candidate whose sampler
 # takes items from the feed (``FeedSampler``) and records them. A stretch that ends before its inner
 # loader handed out everything it took (its workers prefetch) gives the rest back to the front of the
-# feed, so every item comes exactly once, in the sampler's order. Exploring stretches deliver in order
-# for that reason; the settled configuration delivers as the user's ``in_order`` says.
+# feed, so every item comes exactly once, in the sampler's order where delivery is in order. Stretches
+# of worker processes deliver as the user's ``in_order`` says: out of order, what is given back is
+# what torch's iterator still had pending; measured stretches of threads deliver in order.
 #
 # Per stretch (measured ones): the time to the first item is start-up; a few items drain what the
 # workers made ready; then the time blocked in ``next()`` is the wait and the time until the user asks
@@ -438,17 +439,33 @@ class Stretch:
         t0 = time.perf_counter()
         if self.phase is not None and self.measurement is None and self.failure is None:
             self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it))
+        left = self._not_handed_out()
         if self.it is not None and not self.held:
             workers = worker_pids(self.it) if self.failure is not None else set()
             stop_iterator(self.it)
             remove_orphan_segments(workers)  # what workers that died mid-batch left in /dev/shm
-        if self.sampler is not None and self.feed is not None and self.candidate.in_order:
-            self.feed.give_back(self.sampler.taken[self.served + self.raised:])
+        if left is not None:
+            assert self.feed is not None and self.sampler is not None
+            self.feed.give_back(left)
             self.sampler.taken = []
         self.it = None
         self.done = True
         self._signals.close()
         self.close_s = time.perf_counter() - t0
+
+    def _not_handed_out(self) -> list[Any] | None:
+        """The items the inner loader took from the feed and never handed out (``None``: not known)."""
+        sampler, it = self.sampler, self.it
+        if sampler is None or self.feed is None:
+            return None
+        if it is not None and getattr(it, "_in_order", True) is False and hasattr(it, "_task_info"):
+            # Out of order: torch's iterator keeps the tasks it has not handed out in ``_task_info``,
+            # keyed by the order it took them in; what it took but never sent comes after.
+            taken = sampler.taken
+            return [taken[k] for k in sorted(it._task_info) if k < len(taken)] + taken[it._send_idx:]
+        if self.candidate.in_order:
+            return sampler.taken[self.served + self.raised:]
+        return None
 
     def outcome(self) -> Outcome | None:
         if self.phase is None:

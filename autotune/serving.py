@@ -234,9 +234,11 @@ class Serving:
         """A new inner loader for ``c``, serving from ``sampler``, and the cache it reads;
         ``explored``: a candidate being explored, dropped if a batch hangs."""
         self.apply_threads(c)
-        if c.num_workers and limit is not None:
+        if c.num_workers and limit is not None and (settings.in_order or c.threaded):
             c = replace(c, in_order=True)  # a measured stretch must know which items it handed out
         elif c.num_workers:
+            # The user's in_order=False holds in measured stretches of worker processes too: one
+            # ended early gives back what torch's iterator had not handed out (``Stretch.close``).
             c = replace(c, in_order=c.in_order and settings.in_order)
         t = self.tuning
         device = t.plan.device
