@@ -85,6 +85,7 @@ PINNED_WITHOUT_ACCELERATOR = ("'pin_memory' argument is set as true but no accel
                               " pinned memory won't be used.")
 """torch's warning, word for word, at each iterator's start where ``pin_memory=True`` cannot pin."""
 
+
 class ThreadDataLoader(DataLoader[Any]):
     """A DataLoader whose batches are loaded by ``worker_threads`` threads (see NOTE [ Thread workers ]).
 

@@ -92,8 +92,7 @@ def reads_alike_anywhere(dataset: Any) -> bool:
         return True
     if owner is None or not owner.__module__.startswith("torchvision.datasets."):
         return False
-    if not any(owner is getattr(tvd, name) or issubclass(owner, getattr(tvd, name))
-               for name in READ_ALIKE_ANYWHERE):
+    if not issubclass(owner, tuple(getattr(tvd, name) for name in READ_ALIKE_ANYWHERE)):
         return False
     loader = getattr(dataset, "loader", None)
     return loader is None or loader in (tvd.folder.default_loader, tvd.folder.pil_loader)
