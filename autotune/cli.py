@@ -4,6 +4,7 @@
 
     autotune tune [--dataset SPEC] [--batch-size N|auto] [--budget SECONDS] [--json] [--plot FILE] ...
     autotune profiles list | show KEY | clear [KEY | --all]
+    autotune cache list | clear
     autotune run [--json PATH] [--stop-when-tuned] SCRIPT [ARGS...] | -m MODULE [-- ARGS...]
 
 Exit status: 0 success, 1 tuning failed (or the user's dataset or step raised), 2 usage error (a bad
@@ -220,9 +221,24 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argume
     p_clear.add_argument("key", nargs="?", help="the profile to remove")
     p_clear.add_argument("--all", action="store_true", help="remove every stored profile")
     _add_store_flags(p_clear)
+    nodes = sub.add_parser(
+        "cache", help="list or clear the decoded caches kept for this node",
+        description="The ram caches kept between runs, shared by every process on this node.",
+    )
+    csub = nodes.add_subparsers(dest="action", metavar="ACTION")
+    c_list = csub.add_parser("list", help="one line per cache, most recently used first",
+                             description="One line per node cache, most recently used first.")
+    c_list.add_argument("--json", action="store_true", help="print the caches as JSON")
+    c_list.add_argument("--cache-dir", metavar="DIR",
+                        help="profile folder (default: $AUTOTUNE_CACHE_DIR, else the user cache folder)")
+    c_clear = csub.add_parser("clear", help="remove every node cache",
+                              description="Remove every node cache; a running process that maps one"
+                              " keeps its memory until it exits.")
+    c_clear.add_argument("--cache-dir", metavar="DIR",
+                         help="profile folder (default: $AUTOTUNE_CACHE_DIR, else the user cache folder)")
     run = _add_run_parser(sub)
     return parser, {"tune": tune, "profiles": profiles, "list": p_list, "show": p_show, "clear": p_clear,
-                    "run": run}
+                    "run": run, "cache": nodes}
 
 
 def _add_run_parser(sub: Any) -> argparse.ArgumentParser:
@@ -617,6 +633,57 @@ def cmd_profiles_clear(args: argparse.Namespace, parser: argparse.ArgumentParser
         store.close()
 
 
+def cmd_cache_list(args: argparse.Namespace) -> int:
+    from .machine import format_bytes
+    from .pretransform import node
+
+    found = node.entries(args.cache_dir)
+    where = ", ".join(str(f) for f in node.folders(args.cache_dir))
+    if args.json:
+        _print(json.dumps([e.__dict__ for e in found], indent=2, default=str))
+        return EXIT_OK
+    if not found:
+        _print(f"No node caches in {where}; a loader that caches its samples (pretransform='ram') keeps"
+               " one there.")
+        return EXIT_OK
+    rows = [[
+        os.path.basename(e.path).removesuffix(node.SUFFIX)[:12],
+        format_bytes(e.bytes),
+        f"{e.filled}/{e.total}",
+        _ago(e.last_used),
+        "yes" if e.in_use else "no",
+        e.detail[:60] + ("..." if len(e.detail) > 60 else ""),
+    ] for e in found]
+    total = sum(e.bytes for e in found)
+    _print(_table(["key", "size", "filled", "last used", "in use", "cached"], rows, right=(1, 2)),
+           "", f"{len(rows)} cache{'s' if len(rows) != 1 else ''}, {format_bytes(total)}, in {where};"
+           " `autotune cache clear` removes them.")
+    return EXIT_OK
+
+
+def _ago(when: float) -> str:
+    import time
+
+    seconds = max(0.0, time.time() - when)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"
+
+
+def cmd_cache_clear(args: argparse.Namespace) -> int:
+    from .machine import format_bytes
+    from .pretransform import node
+
+    removed = node.clear(args.cache_dir)
+    in_use = sum(1 for e in removed if e.in_use)
+    note = (f"; {in_use} {'is' if in_use == 1 else 'are'} still mapped by a running process, whose"
+            " memory comes back when it exits" if in_use else "")
+    _print(f"Removed {len(removed)} node cache{'s' if len(removed) != 1 else ''}"
+           f" ({format_bytes(sum(e.bytes for e in removed))}){note}.")
+    return EXIT_OK
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``autotune run``: the script's own exit code (see NOTE [ autotune run ] in run.py)."""
     from .run import Target, TargetError, run
@@ -683,8 +750,16 @@ def _dispatch(
         subs["profiles"].print_usage(sys.stderr)
         _err("error: give an action: list, show KEY or clear [KEY | --all]")
         return EXIT_USAGE
+    if args.command == "cache":
+        if args.action == "list":
+            return cmd_cache_list(args)
+        if args.action == "clear":
+            return cmd_cache_clear(args)
+        subs["cache"].print_usage(sys.stderr)
+        _err("error: give an action: list or clear")
+        return EXIT_USAGE
     parser.print_usage(sys.stderr)
-    _err("error: give a command: tune, run or profiles (autotune --help for more)")
+    _err("error: give a command: tune, run, profiles or cache (autotune --help for more)")
     return EXIT_USAGE
 
 

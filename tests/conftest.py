@@ -1,4 +1,5 @@
-"""Shared fixtures: every test gets its own profile cache, and leaks of worker processes fail it."""
+"""Shared fixtures: every test gets its own profile cache (and node caches), and leaks of worker
+processes fail it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ def _isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     cache = tmp_path / "autotune-cache"
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(cache))
     yield cache
+    from autotune.pretransform import node
+
+    node.clear(cache)  # the node caches the test made, in /dev/shm too
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 
 PREAMBLE = """\
-import glob, json, sys
+import glob, json, os, sys
 import torch
 torch.set_num_threads(1)  # two busy CPUs shared with other work: no intra-op threads fighting
 from shm_workload import BigImages
@@ -51,7 +51,9 @@ def shm64() -> list[str]:
 
 
 def _run(prefix: Sequence[str], argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=600, env=ENV, cwd=REPO)
+    # The environment as it is now: the test's own profile folder (and node caches), set per test.
+    env = {**os.environ, "PYTHONPATH": ENV["PYTHONPATH"]}
+    proc = subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
@@ -190,9 +192,11 @@ def test_a_cache_too_big_for_dev_shm_is_read_by_forked_workers_without_a_copy(sh
 def test_a_cache_filled_while_loading_fills_in_private_memory_where_dev_shm_cannot_spare_it(
         shm64: list[str]) -> None:
     # The drop-in fills its ram cache from the samples the epochs load (NOTE [ Filling caches ]).
-    # Too big for a quarter of 64 MiB, it is kept in private memory: this process and its threads
-    # fill it; worker processes would fill copies of their own, so they do not load through it.
+    # Too big for a quarter of 64 MiB, and kept private to the process (no node cache), it is kept in
+    # private memory: this process and its threads fill it; worker processes would fill copies of
+    # their own, so they do not load through it.
     seen = _script(shm64, """
+        os.environ["AUTOTUNE_NODE_CACHE"] = "off"
         from test_pretransform import BigTensors
         from autotune import pretransform as pt
         from autotune.exceptions import CandidateInfeasible
@@ -216,6 +220,33 @@ def test_a_cache_filled_while_loading_fills_in_private_memory_where_dev_shm_cann
     """)
     assert seen["in_shm"] is False
     assert seen["refused"] is not None and "private memory" in seen["refused"]
+    assert seen["every"] and seen["complete"] and seen["same"]
+    assert seen["left"] == []
+
+
+def test_a_node_cache_too_big_for_dev_shm_is_a_file_that_worker_processes_fill(
+        shm64: list[str]) -> None:
+    # The same cache kept for the node (NOTE [ Node caches ]): /dev/shm cannot spare it, so it is a
+    # file under the profile folder, mapped by every process: worker processes fill it, and nothing
+    # of it is left in /dev/shm.
+    seen = _script(shm64, """
+        from test_pretransform import BigTensors
+        from autotune import pretransform as pt
+        from autotune.measure import build_loader
+        from autotune.space import Candidate
+
+        ds = BigTensors(512)  # 24 MiB of images
+        prepared = pt.prepare(ds, "ram", device=torch.device("cpu"), fill="pass")
+        where = prepared.dataset.filler.node.path
+        loader = build_loader(ds, Candidate(64, 2, prefetch_factor=2), prepared=prepared)
+        got = sum(len(labels) for _, labels in loader)
+        del loader
+        counts = prepared.fill_counts()
+        same = all(torch.equal(prepared.dataset[i][0], ds[i][0]) for i in (0, 255, 511))
+        print(json.dumps({"where": where, "every": got == 512, "complete": counts.complete,
+                          "same": same, "left": segments(), "cache_dir": os.environ["AUTOTUNE_CACHE_DIR"]}))
+    """)
+    assert seen["where"].startswith(os.path.join(seen["cache_dir"], "node-caches"))
     assert seen["every"] and seen["complete"] and seen["same"]
     assert seen["left"] == []
 

@@ -188,8 +188,10 @@ def test_thread_workers_fill_different_samples_at_once() -> None:
     assert prepared.fill_counts().complete
 
 
-def test_spawned_workers_receive_the_shared_cache_and_fill_it() -> None:
-    # Decoded tensors of their own sizes: the spawned workers need the buffers and the lock.
+def test_spawned_workers_receive_the_shared_cache_and_fill_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Decoded tensors of their own sizes: the spawned workers need the buffers and the lock. A cache
+    # private to the process (a node cache's lock is a file, tested in test_pretransform_node.py).
+    monkeypatch.setenv("AUTOTUNE_NODE_CACHE", "off")
     transform = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.RandomHorizontalFlip()])
     ds = VaryingTensors(24, transform)
     before = _shm_entries()
@@ -459,7 +461,10 @@ def test_fill_is_checked_and_named() -> None:
     assert pt.prepare(ds, "none", device=CPU, fill="pass").fill_counts().complete
 
 
-def test_a_dropped_filling_cache_leaves_no_shared_memory(no_leaked_children: None) -> None:
+def test_a_dropped_filling_cache_leaves_no_shared_memory(
+    no_leaked_children: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTOTUNE_NODE_CACHE", "off")  # a cache private to the process: its segments
     before = _shm_entries()
     ds = VaryingTensors(40, v2.Compose([v2.ToDtype(torch.float32, scale=True)]))
     prepared = pt.prepare(ds, "ram", device=CPU, fill="pass")

@@ -23,6 +23,7 @@ from .. import shm
 from ..exceptions import CandidateInfeasible, ShapeChanged, StaleCacheWarning
 from ..machine import SHM_DIR, shm_free_bytes, usable_cpu_count
 from ..shm import CACHE_SHM_FRACTION
+from . import node
 from .filling import (
     EMPTY,
     Completing,
@@ -30,9 +31,11 @@ from .filling import (
     Filler,
     FillingBatches,
     FillingSamples,
+    NodePlace,
     Picked,
     filling_wrapper,
 )
+from .node import Spec
 from .split import (
     CachePlan,
     PrefixView,
@@ -271,10 +274,14 @@ def fill_in_pass(dataset: Any, plan: CachePlan, *, memory_budget_bytes: int | No
             "pretransform='ram' (fill='pass'): the cache filled while loading gave other samples than"
             " the dataset on the probes; build it before use (fill='build')"
         )
-    wrapped = _filling(view, plan, plan.length, capacity, share=shared)
     plan.fingerprint = fingerprint(dataset, plan)  # what the cache freezes is what it is now
+    wrapped = _filling(view, plan, plan.length, capacity, share=shared, node=_node_place(dataset, plan))
     reserved = fixed + capacity
     where = "" if shared else f" in private memory, {SHM_DIR} could not spare it"
+    if wrapped.filler.node is not None:
+        shared = True
+        counts = wrapped.filler.counts()
+        where = f" in {wrapped.filler.node.path}, shared by the node: {counts.filled} of {counts.total} there"
     detail = f"{plan.detail}; filled as samples are loaded ({fmt_bytes(reserved)} reserved{where})"
     return Prepared(
         dataset=wrapped,
@@ -288,8 +295,23 @@ def fill_in_pass(dataset: Any, plan: CachePlan, *, memory_budget_bytes: int | No
     )
 
 
-def _filling(view: Any, plan: CachePlan, n: int, capacity: int, *, share: bool) -> FillingSamples:
-    filler = Filler(view, plan.layout, n, tensor_types(plan.probe[0]), capacity_bytes=capacity, share=share)
+def _node_place(dataset: Any, plan: CachePlan) -> NodePlace | None:
+    """Where the node cache of ``plan`` is found or made (NOTE [ Node caches ]); None: kept private."""
+    if not node.enabled():
+        return None
+    key, lineage = node.key_of(plan, dataset), node.lineage_of(dataset)
+
+    def place(specs: list[Spec], variable: set[str]) -> node.NodeFile | None:
+        return node.place(key, specs, lineage=lineage, detail=plan.detail, variable=variable)
+
+    return place
+
+
+def _filling(
+    view: Any, plan: CachePlan, n: int, capacity: int, *, share: bool, node: NodePlace | None = None
+) -> FillingSamples:
+    filler = Filler(view, plan.layout, n, tensor_types(plan.probe[0]), capacity_bytes=capacity, share=share,
+                    node=node)
     return filling_wrapper(filler, wrap_fields(filler.fields, plan.layout, plan), plan.suffix, plan.field)
 
 

@@ -56,7 +56,7 @@ import contextlib
 import math
 import multiprocessing
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.context import get_spawning_popen
 from typing import Any
@@ -66,8 +66,10 @@ import torch
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
+from .node import Spec
 from .steps import Chain
 from .stores import (
+    MAX_NDIM,
     MEMCPY_FROM,
     RAGGED_KINDS,
     FilledColumn,
@@ -125,39 +127,72 @@ def _fence() -> None:
         lock.release()
 
 
+NodePlace = Callable[[list[Spec], set[str]], Any]
+"""Gives a node cache's tensors for the regions asked (``node.place``), or None."""
+
+
+def _private(specs: Sequence[Spec], share: bool) -> dict[str, torch.Tensor]:
+    """The regions of a cache private to this process (in shared memory with ``share``): the data
+    left unwritten, the bookkeeping zeroed (a ragged sample's shape row is written whole)."""
+    out = {}
+    for name, numel, dtype in specs:
+        if name.startswith(("flat", "field")):
+            out[name] = shared_empty(numel, dtype) if share else torch.empty(numel, dtype=dtype)
+        else:
+            t = torch.zeros(numel, dtype=dtype)
+            out[name] = t.share_memory_() if share else t
+    return out
+
+
 class Filler:
     """The shared part of a cache filled by the loading pass: fields, flags, ragged space, lock."""
 
     def __init__(
         self, view: Any, layout: Layout, n: int, subclasses: Sequence[type], *, capacity_bytes: int,
-        share: bool,
+        share: bool, node: NodePlace | None = None,
     ) -> None:
         self.view = view
         """``view[i]``: sample ``i`` through the prefix, what a build stores (``PrefixView``)."""
         self.layout = layout
         self.n = n
         ragged = [k for k, (kind, _, _) in enumerate(layout) if kind in RAGGED_KINDS]
-        self.fields: list[Any] = []
-        for k, (kind, shape, dtype) in enumerate(layout):
+        specs: list[Spec] = [("flags", n, torch.uint8), ("state", 2, torch.int64)]
+        for k, (_, shape, dtype) in enumerate(layout):
             if k in ragged:
-                share_of = capacity_bytes // len(ragged)
-                self.fields.append(FilledColumn.empty(n, dtype, share_of, kind, subclasses[k], share))
+                itemsize = torch.empty((), dtype=dtype).element_size()
+                specs += [(f"flat{k}", max(1, capacity_bytes // len(ragged) // itemsize), dtype),
+                          (f"spans{k}", 2 * n, torch.int64), (f"shapes{k}", MAX_NDIM * n, torch.int64),
+                          (f"cursor{k}", 1, torch.int64)]
             else:
-                numel = n * math.prod(shape)
-                data = shared_empty(numel, dtype) if share else torch.empty(numel, dtype=dtype)
-                populate(data)  # every row will be written, in any order (NOTE [ Populating ...])
+                specs.append((f"field{k}", n * math.prod(shape), dtype))
+        self.node = node(specs, {f"flat{k}" for k in ragged}) if node is not None else None
+        """The node cache these fields live in (NOTE [ Node caches ]); None: this process's own."""
+        made = self.node.tensors if self.node is not None else _private(specs, share)
+        fresh = self.node is None or self.node.created
+        self.fields: list[Any] = []
+        for k, (kind, shape, _) in enumerate(layout):
+            if k in ragged:
+                spans, shapes = made[f"spans{k}"].view(n, 2), made[f"shapes{k}"].view(n, MAX_NDIM)
+                self.fields.append(
+                    FilledColumn(made[f"flat{k}"], spans, shapes, made[f"cursor{k}"], kind, subclasses[k]))
+            else:
+                data = made[f"field{k}"]
+                if fresh:
+                    populate(data)  # every row will be written, in any order (NOTE [ Populating ...])
                 self.fields.append(data.view(n, *shape))
         self.ragged = tuple(ragged)
-        self.flags = torch.zeros(n, dtype=torch.uint8)
-        self.state = torch.zeros(2, dtype=torch.int64)
-        if share:
-            self.flags, self.state = self.flags.share_memory_(), self.state.share_memory_()
-        # The start method in force, else the platform's default, read without fixing it for the user.
-        method = multiprocessing.get_start_method(allow_none=True)
-        method = method or multiprocessing.get_all_start_methods()[0]
-        self.lock: Any = multiprocessing.get_context(method).Lock() if ragged else None
-        self.lock_spawns = method != "fork"
-        """Whether ``lock`` may be pickled for a spawned process (NOTE [ Filling caches ], 4.)."""
+        self.flags, self.state = made["flags"], made["state"]
+        if self.node is not None:
+            self.lock: Any = self.node.lock if ragged else None
+            self.lock_spawns = True
+        else:
+            # The start method in force, else the platform's default, read without fixing it for the
+            # user.
+            method = multiprocessing.get_start_method(allow_none=True)
+            method = method or multiprocessing.get_all_start_methods()[0]
+            self.lock = multiprocessing.get_context(method).Lock() if ragged else None
+            self.lock_spawns = method != "fork"
+            """Whether ``lock`` may be pickled for a spawned process (NOTE [ Filling caches ], 4.)."""
         self.generation = 0
         self._views()
 

@@ -435,7 +435,7 @@ class FilledColumn(RaggedColumn):
     def record(self, index: int, start: int, value: torch.Tensor) -> None:
         """Sample ``index`` lies at ``start`` with ``value``'s shape. Under the lock."""
         self._spans[index] = start, start + value.numel()
-        self._shapes[index, : value.dim()] = value.shape
+        self._shapes[index] = (*value.shape, *(-1,) * (MAX_NDIM - value.dim()))
 
 
 MEMCPY_FROM = 32768

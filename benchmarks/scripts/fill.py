@@ -13,9 +13,11 @@ Prints one table per worker count and writes FILL.md and fill.json to ``benchmar
 #   pass:     prepare(fill="pass") and the first epoch over it (it fills the cache), then a second
 #             epoch (over ``loader_parts``, the built cache's wrapper once complete);
 #   build:    prepare() (the blocking build) and the first epoch, then a second epoch.
-# Each cache is dropped before the next is made. Times include the loader's start-up (workers are
-# not persistent); "first" includes prepare. Figures are medians over the rounds, compared as ratios
-# of medians measured in the same run; the load average before and after is printed with them.
+# Each cache is dropped before the next is made, and kept private to the process
+# (AUTOTUNE_NODE_CACHE=off): a node cache would hand the next arm the samples this one filled.
+# Times include the loader's start-up (workers are not persistent); "first" includes prepare.
+# Figures are medians over the rounds, compared as ratios of medians measured in the same run; the
+# load average before and after is printed with them.
 # ``--torch-threads`` sets the main process's torch threads (workers use one each, as torch sets):
 # with workers=0 on a loaded machine, multi-threaded tensor ops (the cache's batched gather) wait on
 # each other's threads, which the DataLoader's own per-sample path does less.
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if harness.render(args, "FILL.md", write_markdown):
         return 0
+    os.environ["AUTOTUNE_NODE_CACHE"] = "off"  # each arm fills its own cache (NOTE [ Fill ... ])
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
     results = []
