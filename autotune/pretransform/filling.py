@@ -177,8 +177,10 @@ class Filler:
                     FilledColumn(made[f"flat{k}"], spans, shapes, made[f"cursor{k}"], kind, subclasses[k]))
             else:
                 data = made[f"field{k}"]
-                if fresh:
-                    populate(data)  # every row will be written, in any order (NOTE [ Populating ...])
+                # Every row will be written, in any order, or read: mapped at once, not a page per
+                # fault (NOTE [ Populating a cache's pages ]; a node cache another process made is
+                # mapped for reading, so that its rows are not marked written again).
+                populate(data, write=fresh)
                 self.fields.append(data.view(n, *shape))
         self.ragged = tuple(ragged)
         self.flags, self.state = made["flags"], made["state"]

@@ -70,6 +70,7 @@ from PIL import Image
 from ..exceptions import AutotuneWarning
 from ..machine import SHM_DIR, read_cgroup_limits, shm_free_bytes
 from ..shm import CACHE_SHM_FRACTION
+from .fresh import Part, _Ref
 
 log = logging.getLogger("autotune.pretransform")
 
@@ -209,11 +210,14 @@ def _feed_sample(h: Any, sample: Any) -> None:
             _feed(h, ("value", repr(value)))
 
 
+_PLAIN = (bool, int, str, bytes, type(None))
+
+
 def _feed(h: Any, value: Any) -> None:
     """Hash a snapshot (fresh.Snapshot's values, Parts) the same way in every process."""
-    from .fresh import Part, _Ref
-
-    if value is None or isinstance(value, (bool, int, str, complex, range)):
+    if isinstance(value, tuple) and all(type(v) in _PLAIN for v in value):
+        h.update(f"plain:{value!r};".encode())  # labels, paths: one repr, not an update per item
+    elif value is None or isinstance(value, (bool, int, str, complex, range)):
         h.update(f"{type(value).__name__}:{value!r};".encode())
     elif isinstance(value, float):
         h.update(f"float:{value.hex()};".encode())

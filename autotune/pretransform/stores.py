@@ -260,16 +260,19 @@ def shared_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
 POPULATE_AHEAD_BYTES = 8 << 20
 """Bytes of a ragged buffer populated at once ahead of a write (NOTE [ Populating a cache's pages ])."""
 
-_MADV_POPULATE_WRITE = 23
-"""Linux's madvise advice that maps a range's pages writable now (include/uapi/asm-generic/mman-common.h)."""
+_MADV_POPULATE_READ, _MADV_POPULATE_WRITE = 22, 23
+"""Linux's madvise advice that maps a range's pages readable, or writable, now
+(include/uapi/asm-generic/mman-common.h)."""
 
 _madvise: Any = None
 """libc's madvise once looked up; False where there is none or the kernel refused the advice."""
 
 
-def populate(t: torch.Tensor, start: int = 0, stop: int | None = None) -> bool:
+def populate(t: torch.Tensor, start: int = 0, stop: int | None = None, *, write: bool = True) -> bool:
     """Map the pages of elements ``start`` to ``stop`` of the contiguous CPU tensor ``t`` for writing
-    now (NOTE [ Populating a cache's pages ]); whether that was done (else its writes fault them)."""
+    now (NOTE [ Populating a cache's pages ]); whether that was done (else its writes fault them).
+    ``write=False``: for reading, as a process does that maps a cache another one filled (a file
+    mapping's pages are then not marked written)."""
     global _madvise
     if _madvise is None:
         _madvise = False
@@ -284,7 +287,8 @@ def populate(t: torch.Tensor, start: int = 0, stop: int | None = None) -> bool:
     size = t.element_size()
     first = t.data_ptr() + start * size
     page = first & ~(mmap.PAGESIZE - 1)
-    if _madvise(page, first + (stop - start) * size - page, _MADV_POPULATE_WRITE) != 0:
+    advice = _MADV_POPULATE_WRITE if write else _MADV_POPULATE_READ
+    if _madvise(page, first + (stop - start) * size - page, advice) != 0:
         if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS):
             _madvise = False  # a kernel without the advice: never asked again
         return False
