@@ -269,13 +269,16 @@ def fill_in_pass(dataset: Any, plan: CachePlan, *, memory_budget_bytes: int | No
     shared = in_shm(fixed + capacity)
     indices = probe_indices(plan.length)
     probes = Picked(view, indices)
-    if not prove(dataset, plan, indices, _filling(probes, plan, len(indices), capacity, share=False)):
+    place = _node_place(dataset, plan)
+    # A cache kept for the node was made after this proof, by this code on these samples (its key).
+    if (place is None or not place.found) and not prove(
+            dataset, plan, indices, _filling(probes, plan, len(indices), capacity, share=False)):
         raise CandidateInfeasible(
             "pretransform='ram' (fill='pass'): the cache filled while loading gave other samples than"
             " the dataset on the probes; build it before use (fill='build')"
         )
     plan.fingerprint = fingerprint(dataset, plan)  # what the cache freezes is what it is now
-    wrapped = _filling(view, plan, plan.length, capacity, share=shared, node=_node_place(dataset, plan))
+    wrapped = _filling(view, plan, plan.length, capacity, share=shared, node=place)
     reserved = fixed + capacity
     where = "" if shared else f" in private memory, {SHM_DIR} could not spare it"
     if wrapped.filler.node is not None:
@@ -295,16 +298,22 @@ def fill_in_pass(dataset: Any, plan: CachePlan, *, memory_budget_bytes: int | No
     )
 
 
-def _node_place(dataset: Any, plan: CachePlan) -> NodePlace | None:
-    """Where the node cache of ``plan`` is found or made (NOTE [ Node caches ]); None: kept private."""
-    if not node.enabled():
-        return None
-    key, lineage = node.key_of(plan, dataset), node.lineage_of(dataset)
+class _NodePlace:
+    """Where the node cache of a plan is found or made (NOTE [ Node caches ]), called with the
+    regions the cache needs; ``found``: whether one with its key is on the node already."""
 
-    def place(specs: list[Spec], variable: set[str]) -> node.NodeFile | None:
-        return node.place(key, specs, lineage=lineage, detail=plan.detail, variable=variable)
+    def __init__(self, dataset: Any, plan: CachePlan) -> None:
+        plan.fingerprint = fingerprint(dataset, plan)
+        self.key, self.lineage = node.key_of(plan, dataset), node.lineage_of(dataset)
+        self.detail = plan.detail
+        self.found = node.exists(self.key)
 
-    return place
+    def __call__(self, specs: list[Spec], variable: set[str]) -> node.NodeFile | None:
+        return node.place(self.key, specs, lineage=self.lineage, detail=self.detail, variable=variable)
+
+
+def _node_place(dataset: Any, plan: CachePlan) -> _NodePlace | None:
+    return _NodePlace(dataset, plan) if node.enabled() else None
 
 
 def _filling(

@@ -7,19 +7,23 @@
 # 1. Key: a digest of what the cache froze, as the staleness check fingerprints it (the transform's
 #    frozen steps and their parameters, the dataset's code, class and instance attributes, the files
 #    it lists by size and modification time), of the probe samples' bytes through the prefix, the
-#    length and layout, and the versions of the libraries that decode (torch, torchvision, PIL,
-#    NumPy). Tensors and arrays the dataset holds are hashed whole (up to KEY_HASH_BYTES each; past it,
-#    an even sample of their elements, as the staleness check compares them). Code is hashed by its
-#    bytecode, constants and names. Two datasets that differ in length, in a probe, or in the code or
-#    parameters of what the cache froze never share a key; a changed dataset gets a new key, so a
-#    stale file is never read, and the file of the same dataset's earlier key is removed
-#    (``lineage``: the dataset's class and folder, for datasets read from files).
+#    length and layout, and the versions of autotune and of the libraries that decode (torch,
+#    torchvision, PIL, NumPy). Tensors and arrays the dataset holds are hashed whole (up to
+#    KEY_HASH_BYTES each; past it, an even sample of their elements, as the staleness check compares
+#    them). Code is hashed by its bytecode, constants and names. Two datasets that differ in length,
+#    in a probe, or in the code or parameters of what the cache froze never share a key; a changed
+#    dataset gets a new key, so a stale file is never read, and the file of the same dataset's
+#    earlier key is removed (``lineage``: the dataset's class and folder, for datasets read from
+#    files). A file is made only after its maker proved the filling wrapper on these probes, so a
+#    process that finds one needs no proof of its own.
 # 2. Place: a folder in /dev/shm (tmpfs: memory, no writeback), else, where /dev/shm cannot spare it,
 #    a folder under the profile cache directory (a file on disk, read through the page cache).
-#    Measured on the 2-CPU machine (benchmarks/results/node/NODE.md): filling 400 MB took 0.23 s in a
-#    /dev/shm file, 0.36 s in anonymous shared memory and 0.99 s in a file on disk (its pages are
-#    written back); a new process reads either file at memory speed. The disk folder is the fallback
-#    for containers whose /dev/shm is 64 MiB, where it still spares every process the refill.
+#    Chosen by measurement (benchmarks/scripts/node.py, "Where a cache lives", a CIFAR-10-sized
+#    cache): a file in /dev/shm fills as fast as torch's anonymous shared memory; a file on disk
+#    fills slower and unevenly, as the writeback of its pages (and of the last one's) competes, and
+#    writes the whole cache to the disk; a new process reads either at memory speed. The disk folder
+#    is the fallback for containers whose /dev/shm is 64 MiB, where it still spares every process
+#    the refill.
 #    A file on disk is kept only for the boot it was made in: pages written back out of order by a
 #    crash could leave a flag without its data, so a file from another boot is removed.
 # 3. Layout of a file: a header (MAGIC, then JSON: key, boot, regions, what was cached), then each
@@ -162,7 +166,8 @@ def boot_id() -> str:
 def key_of(plan: Any, dataset: Any) -> str:
     """The digest naming ``plan``'s cache of ``dataset`` (NOTE [ Node caches ] 1)."""
     h = hashlib.sha256()
-    _feed(h, ("schema", SCHEMA, torch.__version__, _version("torchvision"), PIL.__version__, np.__version__))
+    _feed(h, ("schema", SCHEMA, _version("autotune"), torch.__version__, _version("torchvision"),
+              PIL.__version__, np.__version__))
     _feed(h, (type(dataset).__module__, type(dataset).__qualname__, plan.length, plan.field))
     _feed(h, tuple((kind, shape, str(dtype)) for kind, shape, dtype in plan.layout))
     _feed(h, tuple(_step_text(step) for step in plan.prefix))
@@ -371,6 +376,11 @@ class NodeFile:
     def __getstate__(self) -> dict[str, Any]:
         # A copy for another process: the paths; the tensors travel in the cache's own fields.
         return {"path": self.path, "key": self.key, "tensors": {}, "created": False, "lock": self.lock}
+
+
+def exists(key: str, cache_dir: Any = None) -> bool:
+    """Whether a node cache of ``key`` is on the node (made, whatever its fill)."""
+    return enabled() and any(read_header(_path(f, key)) is not None for f in folders(cache_dir))
 
 
 def place(
