@@ -158,7 +158,7 @@ def test_every_results_folder_is_one_scripts_page_and_figures() -> None:
 
 @pytest.mark.parametrize("script, folder", [
     ("suite", "suite"), ("suite", "suite/gpu"), ("parallelism", "parallelism"), ("fill", "fill"),
-    ("ranks", "ranks"),
+    ("ranks", "ranks"), ("node", "node"),
 ])
 def test_committed_pages_are_what_their_script_writes_from_the_figures(
     script: str, folder: str, tmp_path: Path

@@ -1,6 +1,7 @@
 """The node cache: a second process, five runs in a row, two ranks, and a fill killed with SIGKILL.
 
-    python benchmarks/scripts/node.py [--n 10000] [--epochs 5] [--rounds 3] [--runs 5] [--quick]
+    python benchmarks/scripts/node.py [--n 10000] [--epochs 5] [--rounds 5] [--runs 5]
+                                      [--place-n 50000] [--quick]
                                       [--out DIR] [--render JSON]
 
 Writes NODE.md and node.json to ``benchmarks/results/node/`` (``--out`` elsewhere; ``--quick``: a smoke
@@ -23,6 +24,11 @@ run into a temporary folder).
 #    killed (its process group) after its first batches; a rerun reads the fill counts it left, serves
 #    one epoch with two workers, and compares the batches' hash with torch's DataLoader over the
 #    dataset itself.
+# 5. Where a cache lives: the bytes of a CIFAR10Like(--place-n) cache (fixed-shape rows; by default
+#    CIFAR-10's 50,000, about 600 MB) written row block by
+#    row block, as a pass fills it, into a file in /dev/shm, into torch's anonymous shared memory,
+#    and into a file under the profile folder on disk, each mapped and reserved as a cache is; then
+#    the file read back in random row blocks by a new process. Rotated, --rounds times.
 # Ratios are of medians measured in the same run; the load average is written with them.
 """
 
@@ -285,6 +291,82 @@ def _secs(values: list[float]) -> str:
     return ", ".join(f"{t:.2f}" for t in values)
 
 
+PLACE_CHILD = """
+import os, sys, time, torch, numpy as np
+path, size, row = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t0 = time.perf_counter()
+fd = os.open(path, os.O_RDWR)
+storage = torch.UntypedStorage._new_shared_fd_cpu(fd, size)
+os.close(fd)
+rows = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()[: size // row * row].reshape(-1, row)
+order = np.random.default_rng(0).permutation(len(rows))
+total = 0
+for i in range(0, len(order), 64):
+    total += int(rows[np.sort(order[i:i + 64])][:, ::512].sum())
+print(time.perf_counter() - t0)
+"""
+
+
+def _place_fill(where: str, folder: Path, size: int, row: int) -> tuple[float, float | None]:
+    """Seconds to reserve, map and fill ``size`` bytes in ``where``; seconds a new process takes to
+    read the file back (None for anonymous memory)."""
+    import numpy as np
+    import torch
+
+    from autotune.pretransform.stores import populate, shared_empty
+
+    block = np.random.default_rng(0).integers(0, 255, (64, row), dtype=np.uint8)
+    path = folder / f"place-{where.split()[0].strip('/').replace('/', '-')}"
+    t0 = time.perf_counter()
+    if where == "anonymous":
+        data = shared_empty(size, torch.uint8)
+    else:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.posix_fallocate(fd, 0, size)
+        data = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared_fd_cpu(fd, size))
+        os.close(fd)
+    populate(data)
+    rows = data.numpy()[: size // row * row].reshape(-1, row)
+    for i in range(0, len(rows), 64):
+        rows[i : i + 64] = block[: len(rows[i : i + 64])]
+    filled = time.perf_counter() - t0
+    del rows, data
+    if where == "anonymous":
+        return filled, None
+    out = subprocess.run([sys.executable, "-c", PLACE_CHILD, str(path), str(size), str(row)],
+                         capture_output=True, text=True, check=True)
+    path.unlink()
+    return filled, float(out.stdout)
+
+
+def places(n: int, rounds: int) -> dict[str, Any]:
+    from autotune.pretransform import node
+
+    row = 3 * 32 * 32 * 4  # a CIFAR image through ToTensor and Normalize
+    size = n * row
+    env = _fresh()
+    shm_folder, disk_folder = node.folders(env["AUTOTUNE_CACHE_DIR"])
+    fill: dict[str, list[float]] = {"/dev/shm file": [], "anonymous": [], "disk file": []}
+    read: dict[str, list[float]] = {"/dev/shm file": [], "disk file": []}
+    try:
+        for folder in (shm_folder, disk_folder):
+            folder.mkdir(parents=True, exist_ok=True)
+        for r in range(rounds):
+            for where in rotated(list(fill), r):
+                folder = disk_folder if where == "disk file" else shm_folder
+                f, rd = _place_fill(where, folder, size, row)
+                fill[where].append(f)
+                if rd is not None:
+                    read[where].append(rd)
+    finally:
+        shutil.rmtree(shm_folder, ignore_errors=True)
+        _clear(env)
+    med = {k: statistics.median(v) for k, v in fill.items()}
+    print("  fill " + ", ".join(f"{k} {v:.2f} s" for k, v in med.items()), flush=True)
+    return {"bytes": size, "fill_s": fill, "read_s": read, "fill_median_s": med,
+            "read_median_s": {k: statistics.median(v) for k, v in read.items()}}
+
+
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
     sp, row, rk, kl = summary["second"], summary["in_a_row"], summary["ranks"], summary["killed"]
     mib = 2**20
@@ -342,6 +424,10 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         "| the node cache filled after each epoch |"
         f" {'; '.join(str(f) for f in rk['node']['ranks'][0]['fills'])} | - |",
         "",
+        "The epoch times include the drop-in's own search, which differs between the arms: with the"
+        " node cache it measures the filled cache from the second epoch, without it each rank still"
+        " fills the shards it had not loaded.",
+        "",
         "## A fill killed with SIGKILL",
         "",
         f"Killed after its first batches, the cache held {kl['rerun']['before'][0]} of"
@@ -351,6 +437,23 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         f" {kl['third']['before'][0]} and equals torch's too: {kl['third']['same_as_torch']}.",
         "",
     ]
+    if "places" in summary:
+        pl = summary["places"]
+        anon = pl["fill_median_s"]["anonymous"]
+        lines += [
+            "## Where a cache lives",
+            "",
+            f"A cache of {pl['bytes'] / mib:.0f} MiB (CIFAR10Like({summary['place_n']}) through ToTensor and"
+            " Normalize) reserved, mapped and filled row block by row block; then read back in random"
+            " row blocks by a new process. Medians of the rounds, seconds.",
+            "",
+            "| where | fill | against anonymous shared memory | read by a new process |",
+            "|---|---:|---:|---:|",
+            *(f"| {k} | {v:.2f} | {v / anon:.2f}x | "
+              f"{pl['read_median_s'][k]:.2f} |" if k in pl["read_median_s"] else
+              f"| {k} | {v:.2f} | {v / anon:.2f}x | - |" for k, v in pl["fill_median_s"].items()),
+            "",
+        ]
     path.write_text("\n".join(lines))
 
 
@@ -371,15 +474,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--place-n", type=int, default=None,
+                        help="samples of the cache the places are compared with (default 50000)")
     parser.add_argument("--quick", action="store_true", help="a smoke run into a temporary folder")
     parser.add_argument("--out", type=Path, default=None)
     harness.add_render(parser, "NODE.md")
     args = parser.parse_args(argv)
     if harness.render(args, "NODE.md", write_markdown):
         return 0
-    harness.fill_in(args, {"n": 1024, "epochs": 3, "rounds": 1, "runs": 2},
-                    {"n": 10_000, "epochs": 5, "rounds": 3, "runs": 5})
-    harness.require_positive(parser, args, "n", "rounds", "runs")
+    harness.fill_in(args, {"n": 1024, "epochs": 3, "rounds": 1, "runs": 2, "place_n": 2048},
+                    {"n": 10_000, "epochs": 5, "rounds": 5, "runs": 5, "place_n": 50_000})
+    harness.require_positive(parser, args, "n", "rounds", "runs", "place_n")
     if args.epochs < 2:
         parser.error(f"--epochs={args.epochs} must be at least 2: the first epoch is compared with the"
                      " later ones")
@@ -396,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     summary["ranks"] = ranks(args.n, args.epochs)
     print("a fill killed with SIGKILL:", flush=True)
     summary["killed"] = killed(args.n)
+    print("where a cache lives:", flush=True)
+    summary["places"] = places(args.place_n, args.rounds)
+    summary["place_n"] = args.place_n
     summary["load_after"] = harness.load_average()
     out.mkdir(parents=True, exist_ok=True)
     (out / "node.json").write_text(json.dumps(summary, indent=1) + "\n")
