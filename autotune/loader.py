@@ -49,7 +49,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
@@ -85,6 +85,45 @@ MIN_TUNE_BATCHES = 12
 
 _NOT_GIVEN: Any = object()
 """The default of a tunable argument: it was not given, so it is tuned."""
+
+
+TUNABLE = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+"""The torch arguments the drop-in tunes unless they are written."""
+
+
+@dataclass(frozen=True)
+class Written:
+    """The tunable settings the caller wrote: the one name for them.
+
+    ``settings``: each one written, as written (``"auto"`` included); ``given``: those given a value
+    (``"auto"`` left out), as torch's constructor takes them; ``read()``: those values as torch reads
+    them (a worker count of True is one worker, a flag its truth value).
+    """
+
+    settings: dict[str, Any]
+
+    @classmethod
+    def of(cls, **arguments: Any) -> Written:
+        """From the constructor's arguments (an argument left at its default was not written)."""
+        settings = {k: v for k, v in arguments.items() if v is not _NOT_GIVEN}
+        for name, value in settings.items():
+            if isinstance(value, str) and value != AUTO and name in ("num_workers", "prefetch_factor"):
+                raise ConfigurationError(
+                    f"{name}={value!r} is not a setting; pass a value, or {AUTO!r} to have it tuned.")
+        return cls(settings)
+
+    @property
+    def given(self) -> dict[str, Any]:
+        return {k: v for k, v in self.settings.items() if v != AUTO}
+
+    def read(self) -> dict[str, Any]:
+        values = self.given
+        for name in ("pin_memory", "persistent_workers"):
+            if name in values:
+                values[name] = bool(values[name])
+        if isinstance(values.get("num_workers"), bool):
+            values["num_workers"] = int(values["num_workers"])
+        return values
 
 
 class Listener:
@@ -181,35 +220,25 @@ class DataLoader(tud.DataLoader[T_co]):
         retune: bool = False,
         batch_timeout_s: float | None = None,
         _configured: Candidate | None = None,
-        _written: dict[str, Any] | None = None,
+        _written: Written | None = None,
     ) -> None:
-        given = {"num_workers": num_workers, "pin_memory": pin_memory,
-                 "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers}
-        written = {k: v for k, v in given.items() if v is not _NOT_GIVEN}
-        self.script_settings = dict(written)
+        written = Written.of(num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+                             persistent_workers=persistent_workers)
+        self.script_settings = dict(written.settings)
         """The tunable settings as the caller wrote them (``autotune run`` reports them)."""
-        for name, value in written.items():
-            if isinstance(value, str) and value != AUTO and name in ("num_workers", "prefetch_factor"):
-                raise ConfigurationError(
-                    f"{name}={value!r} is not a setting; pass a value, or {AUTO!r} to have it tuned.")
-        literal: dict[str, Any] = {k: v for k, v in written.items() if v != AUTO}
-        workers_needed = (multiprocessing_context is not None or literal.get("prefetch_factor") is not None
-                          or bool(literal.get("persistent_workers")))
+        given = written.given
+        workers_needed = (multiprocessing_context is not None or given.get("prefetch_factor") is not None
+                          or bool(given.get("persistent_workers")))
+        auto_workers = written.settings.get("num_workers") == AUTO
         # torch's own constructor, with what the user wrote: its checks, messages and attributes.
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler,
-            literal.get("num_workers", 1 if workers_needed and written.get("num_workers") == AUTO else 0),
-            collate_fn, literal.get("pin_memory", False), drop_last, timeout, worker_init_fn,
-            multiprocessing_context, generator, prefetch_factor=literal.get("prefetch_factor"),
-            persistent_workers=literal.get("persistent_workers", False),
+            given.get("num_workers", 1 if workers_needed and auto_workers else 0),
+            collate_fn, given.get("pin_memory", False), drop_last, timeout, worker_init_fn,
+            multiprocessing_context, generator, prefetch_factor=given.get("prefetch_factor"),
+            persistent_workers=given.get("persistent_workers", False),
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
-        # As torch reads them: a worker count of True is one worker, a setting is its truth value.
-        for name in ("pin_memory", "persistent_workers"):
-            if name in literal:
-                literal[name] = bool(literal[name])
-        if isinstance(literal.get("num_workers"), bool):
-            literal["num_workers"] = int(literal["num_workers"])
         self._origin = _origin()
         self._epoch_iterator: weakref.ref[EpochIterator] | None = None
         """The iterator torch would keep with persistent workers (held weakly: the iterator holds
@@ -218,8 +247,8 @@ class DataLoader(tud.DataLoader[T_co]):
         # What the caller wrote decides torch's iteration semantics (its workers start in iter(), a
         # base seed per new iterator, one iterator reset with persistent workers); a loader built
         # from a result (``configured``) shows the tuned settings but iterates as its caller wrote.
-        written_by_user = literal if _written is None else _written
-        user_workers = _workers(written_by_user.get("num_workers", 0))
+        iterates_as = (written if _written is None else _written).read()
+        user_workers = _workers(iterates_as.get("num_workers", 0))
         # autotune's own arguments: a mistake in them is the caller's to see, at once.
         _check_own(torch_threads=torch_threads, pretransform=pretransform, epochs=epochs, device=device,
                    batch_timeout_s=batch_timeout_s)
@@ -231,7 +260,7 @@ class DataLoader(tud.DataLoader[T_co]):
         untuned."""
         try:
             self._tuning: Tuning = self._make_tuning(
-                dataset, literal, written, torch_threads, batch_size=batch_size, shuffle=shuffle,
+                dataset, written, torch_threads, batch_size=batch_size, shuffle=shuffle,
                 sampler=sampler, collate_fn=collate_fn, worker_init_fn=worker_init_fn,
                 multiprocessing_context=multiprocessing_context, pretransform=pretransform,
                 device=device, epochs=epochs, cache=cache, cache_dir=cache_dir, storage=storage,
@@ -243,8 +272,8 @@ class DataLoader(tud.DataLoader[T_co]):
         else:
             serving = self._serving = Serving(
                 self._tuning, user_workers=user_workers,
-                user_prefetch=int(written_by_user.get("prefetch_factor") or 2),
-                user_persistent=bool(written_by_user.get("persistent_workers")) and user_workers > 0,
+                user_prefetch=int(iterates_as.get("prefetch_factor") or 2),
+                user_persistent=bool(iterates_as.get("persistent_workers")) and user_workers > 0,
                 explore_timeout_s=(batch_timeout_s if batch_timeout_s is not None
                                    else EXPLORE_BATCH_TIMEOUT_S),
                 on_settled=_announce_settled(self))
@@ -260,7 +289,7 @@ class DataLoader(tud.DataLoader[T_co]):
                     serving.settle(hit.candidate)
         _notify("built", self)
 
-    def _make_tuning(self, dataset: Any, literal: dict[str, Any], written: dict[str, Any],
+    def _make_tuning(self, dataset: Any, written: Written,
                      torch_threads: int | str | None, *, batch_size: int | None, shuffle: bool | None,
                      sampler: Any, collate_fn: Any, worker_init_fn: Any, multiprocessing_context: Any,
                      pretransform: str | Sequence[str], device: Any, epochs: int | None, cache: bool,
@@ -269,8 +298,9 @@ class DataLoader(tud.DataLoader[T_co]):
         """The loader's tuning state: its settings checked, its plan made, its baseline."""
         if dataset_length(dataset) == 0:
             raise ConfigurationError("the dataset is empty: there is nothing to measure")
-        fixed = _fixed(literal if self.explicit_settings_are_fixed else {}, torch_threads)
-        if "persistent_workers" not in written:
+        values = written.read()
+        fixed = _fixed(values if self.explicit_settings_are_fixed else {}, torch_threads)
+        if "persistent_workers" not in written.settings:
             # NOTE [ Speed only ]: torch's workers start afresh every epoch and see the dataset as
             # the main process left it (an attribute, a swapped transform, a tensor changed in
             # place, a worker_init_fn run again); workers kept alive would not. Nothing proves a
@@ -279,8 +309,8 @@ class DataLoader(tud.DataLoader[T_co]):
         if fixed.persistent_workers and fixed.num_workers:
             # Workers the caller keeps alive see the dataset as it was when they started, and torch
             # never restarts them: what would need new workers is not searched.
-            fixed = replace(fixed, pin_memory=bool(literal.get("pin_memory", False)),
-                            prefetch_factor=literal.get("prefetch_factor") or 2)
+            fixed = replace(fixed, pin_memory=bool(values.get("pin_memory", False)),
+                            prefetch_factor=values.get("prefetch_factor") or 2)
             pretransform = "none"
         if configured is not None:
             fixed = replace(fixed, torch_threads=configured.torch_threads,
@@ -295,7 +325,7 @@ class DataLoader(tud.DataLoader[T_co]):
             read_samples=False, multiprocessing_context=multiprocessing_context, stacklevel=4,
         )
         baseline = replace(baseline_candidate(
-            {**{k: v for k, v in literal.items() if k != "prefetch_factor" or v is not None},
+            {**{k: v for k, v in values.items() if k != "prefetch_factor" or v is not None},
              "batch_size": batch_size or 1, "in_order": True}, batch_size or 1),
             torch_threads=fixed.torch_threads)
         # With ``explicit_settings_are_fixed=False`` (``autotune run``) the script's settings are the
@@ -325,14 +355,13 @@ class DataLoader(tud.DataLoader[T_co]):
         candidate's: ``num_workers`` makes them worker processes, as a plain DataLoader would start.
         """
         c = candidate
-        written = {k: v for k, v in kwargs.items()
-                   if k in ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")}
+        written = Written.of(**{k: v for k, v in kwargs.items() if k in TUNABLE})
         if kwargs.get("worker_init_fn") is not None:
             # It runs in each worker process, every epoch unless the caller keeps workers alive:
             # threads cannot run it as torch does, and kept workers would skip its later calls.
             if c.threaded:
                 c = replace(c, worker_kind="process")
-            if "persistent_workers" not in written:
+            if "persistent_workers" not in written.settings:
                 c = replace(c, persistent_workers=False)
         if "num_workers" in kwargs:
             n = kwargs.pop("num_workers")
@@ -513,9 +542,10 @@ def _check_own(*, torch_threads: int | str | None, pretransform: str | Sequence[
                                fix="give the longest a single batch may take, in seconds, or None.")
 
 
-def _fixed(given: dict[str, Any], torch_threads: int | str | None) -> Fixed:
-    """The settings the caller fixed, checked, with a clear error (torch checks the rest)."""
-    for name, value in given.items():
+def _fixed(values: dict[str, Any], torch_threads: int | str | None) -> Fixed:
+    """The settings the caller fixed (``Written.read``), checked, with a clear error (torch checks
+    the rest)."""
+    for name, value in values.items():
         if name == "num_workers":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigurationError(
@@ -535,7 +565,7 @@ def _fixed(given: dict[str, Any], torch_threads: int | str | None) -> Fixed:
                 " tuned, or None to leave it as it is.")
         threads = torch_threads
     return Fixed(
-        num_workers=given.get("num_workers"), pin_memory=given.get("pin_memory"),
-        prefetch_factor=given.get("prefetch_factor"), persistent_workers=given.get("persistent_workers"),
+        num_workers=values.get("num_workers"), pin_memory=values.get("pin_memory"),
+        prefetch_factor=values.get("prefetch_factor"), persistent_workers=values.get("persistent_workers"),
         torch_threads=threads, leave_threads=torch_threads is None,
     )

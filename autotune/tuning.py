@@ -397,10 +397,17 @@ class Tuning:
 
     def force_decision(self) -> Decision:
         """The search ran out of epochs: decide on what was measured (the baseline unless a
-        challenger already wins with confidence)."""
+        challenger already wins with confidence); raises the ledger's failure where nothing was."""
+        decision = self._decision_so_far()
+        if decision is None:
+            raise self.ledger.failure()
+        return decision
+
+    def _decision_so_far(self) -> Decision | None:
+        """The decision on what was measured so far; None where nothing a decision needs was."""
         finalists = self.ledger.finalists(self.baseline, self.space)
         if self.baseline not in self.ledger.by_candidate and not finalists:
-            raise self.ledger.failure()
+            return None
         return self.ledger.decide(finalists or [self.baseline], self.baseline)
 
     # -- settling ----------------------------------------------------------------------------------
@@ -510,11 +517,8 @@ class Tuning:
         made_of = (len(self.history), len(self.ledger.records))
         if self.partial is not None and self.partial[0] == made_of:
             return self.partial[1]  # nothing measured since: the same decision (and no /proc read)
-        partial: TuneResult | None
-        try:
-            partial = self._result(self._incumbent_kept(self.force_decision()))
-        except BaseException:  # noqa: BLE001 - nothing measured completes a decision yet
-            partial = self.result
+        decision = self._decision_so_far()  # None: nothing measured completes a decision yet
+        partial = self._result(self._incumbent_kept(decision)) if decision is not None else self.result
         self.partial = (made_of, partial)
         return partial
 
