@@ -31,7 +31,6 @@ from shm_owners import others
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
 import autotune
-from autotune.pretransform import node
 
 SEED = 1234
 """The seed of the global RNG and of the generators both loaders get."""
@@ -718,14 +717,14 @@ class Snapshot:
 
 
 def shm_files() -> frozenset[str]:
-    """Shared-memory files of ours, but the folder of caches kept for the node, which outlives its
-    loaders by design (NOTE [ Node caches ]; the test's own, removed when the test ends)."""
+    """Shared-memory files of ours. Folders are not: caches kept for the node live in folders there
+    and outlive their loaders by design (NOTE [ Node caches ]); a test's own are removed when it ends."""
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
         return frozenset()
-    kept = {f.name for f in node.folders()}
-    return frozenset(n for n in names if n.startswith(SHM_PREFIXES) and n not in kept)
+    return frozenset(n for n in names
+                     if n.startswith(SHM_PREFIXES) and not os.path.isdir(os.path.join(SHM_DIR, n)))
 
 
 def live_children() -> dict[int, psutil.Process]:

@@ -17,10 +17,14 @@ def _isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     """Point the profile cache at a temporary folder so tests never touch the user's cache."""
     cache = tmp_path / "autotune-cache"
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(cache))
+    # Node caches (NOTE [ Node caches ]) in the test's own folder, which the processes it starts
+    # inherit: none is left in /dev/shm, and no other run's is touched. Tests of where they go by
+    # default unset it.
+    monkeypatch.setenv("AUTOTUNE_NODE_CACHE_DIR", str(tmp_path / "node-caches"))
     yield cache
     from autotune.pretransform import node
 
-    node.clear(cache)  # the node caches the test made, in /dev/shm too
+    node.clear(cache)  # the node caches the test made where it chose the default (in /dev/shm too)
 
 
 @pytest.fixture

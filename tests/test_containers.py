@@ -230,6 +230,7 @@ def test_a_node_cache_too_big_for_dev_shm_is_a_file_that_worker_processes_fill(
     # file under the profile folder, mapped by every process: worker processes fill it, and nothing
     # of it is left in /dev/shm.
     seen = _script(shm64, """
+        os.environ.pop("AUTOTUNE_NODE_CACHE_DIR", None)  # where it goes by default
         from test_pretransform import BigTensors
         from autotune import pretransform as pt
         from autotune.measure import build_loader

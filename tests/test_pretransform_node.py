@@ -37,6 +37,13 @@ HELPER = str(Path(__file__).with_name("node_fill.py"))
 
 
 @pytest.fixture(autouse=True)
+def _default_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where node caches go by default (/dev/shm, named by the test's own profile folder; conftest
+    removes them when the test ends)."""
+    monkeypatch.delenv(node.NODE_DIR_ENV, raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_builds() -> Iterator[None]:
     pt.clear_builds()
     yield
@@ -65,6 +72,7 @@ def test_a_second_process_reads_what_the_first_filled(dataset: str) -> None:
     assert first["before"][0] == 0 and first["after"][0] == first["after"][1]  # filled by one epoch
     assert first["ours"] == first["torch"]  # the same batches as torch's loader, random rest included
     assert first["node"] is not None and os.path.exists(first["node"])
+    assert first["node"].startswith(str(node.folders()[0]))  # in /dev/shm, where it fits
     second = helper("epoch", dataset)
     assert second["node"] == first["node"]
     assert second["before"] == first["after"]  # nothing to fill: the first process's samples
