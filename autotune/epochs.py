@@ -565,7 +565,7 @@ def _settled_failed(driver: Driver, stretch: Stretch) -> None:
         return
     log.info("autotune: %s failed on the loader at %s (%s); the baseline serves from now on",
              stretch.candidate.label(), t.origin, stretch.failure)
-    t.settled = t.baseline
+    t.settled_failed()
     driver.serving.settle(t.baseline)
 
 

@@ -410,7 +410,7 @@ class DataLoader(tud.DataLoader[T_co]):
         """Whether exploration is over and the best configuration is being served."""
         if self.untuned is not None:
             return False
-        return self._tuning.settled is not None and self._tuning.pending is None
+        return self._tuning.serving_settled
 
     @property
     def served_batches(self) -> int:

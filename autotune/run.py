@@ -120,8 +120,10 @@ class LoaderRecord:
     served_batches: int = 0
     settled: bool = False
     tuning: TuneResult | None = None
+    settled_before: bool = False
+    """The loader settled, and measured again after (its ``tuning`` is the settled choice)."""
     measuring_again: str | None = None
-    """What the loader measured again after it settled (its ``tuning`` is the settled choice)."""
+    """What it measured again then, for the report."""
     untuned: str | None = None
     """Why the loader served as torch serves and tuned nothing (``DataLoader.untuned``)."""
 
@@ -131,10 +133,11 @@ class LoaderRecord:
         self.untuned = loader.untuned
         if loader.untuned is not None:
             return
+        self.settled_before = loader._tuning.settled_before()
         self.measuring_again = loader._tuning.measuring_again()
         # Measuring again, the settled choice stands (and is the stored profile), not the new
         # measurements' provisional pick.
-        self.tuning = loader._tuning.result if self.measuring_again is not None else loader.tuning
+        self.tuning = loader._tuning.result if self.settled_before else loader.tuning
 
     @property
     def tunable(self) -> bool:
@@ -155,7 +158,7 @@ class LoaderRecord:
             return "too-short"
         if self.tuning is None or not self.tuning.trials:
             return "unmeasured"
-        return "tuned" if self.settled or self.measuring_again is not None else "exploring"
+        return "tuned" if self.settled or self.settled_before else "exploring"
 
 
 @dataclass
@@ -636,7 +639,7 @@ def _loader_section(record: LoaderRecord) -> list[str]:
             "best so far (provisional: the script ended while it was still exploring)"}[status]
     kept = " (the script's own settings: nothing beat them with confidence)" if result.kept_baseline else ""
     lines.append(f"  {head}: {_label(c)}{kept}")
-    if record.measuring_again is not None:
+    if record.settled_before and record.measuring_again is not None:
         lines += textwrap.wrap(f"  measured again when the script ended: {record.measuring_again};"
                                " the choice above stands", width=TEXT_WIDTH, subsequent_indent="    ")
     against = result.baseline_text()

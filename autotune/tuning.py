@@ -29,6 +29,7 @@ and what serves it (the inner loader kept, the thread count, the base seed) in `
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import math
 import statistics
@@ -90,6 +91,39 @@ layout cannot hold are served from the source, correctly, at a negligible cost."
 LOAD_CHANGE = 0.5
 """A stored choice is measured again when the load per CPU differs by more than this from when it
 was made (half a core's worth of other work per core)."""
+
+
+class Phase(enum.Enum):
+    """Where a drop-in loader is across its epochs (NOTE [ Phases ]). ``Tuning._enter`` alone moves
+    it; ``settled`` holds a configuration exactly in SETTLED and DUE."""
+
+    SEARCHING = "searching"
+    """Its first search: nothing settled yet."""
+    SETTLED = "settled"
+    """Serving the settled configuration, judged after each epoch (NOTE [ Settled means proven ])."""
+    DUE = "due"
+    """Settled, and the next epoch measures again: its rate fell below the baseline's, the wait
+    drifted up, or a stored choice meets another load (``why`` says which)."""
+    CHECKING_CACHE = "checking its filled cache"
+    """The ram cache filled after the search settled: it is measured against the settled choice."""
+    RECHECKING = "rechecking"
+    """The settled choice measured against the baseline again."""
+    SEARCHING_AGAIN = "searching again"
+    """A drift's new search, from the baseline."""
+
+
+MEASURING = frozenset({Phase.SEARCHING, Phase.CHECKING_CACHE, Phase.RECHECKING, Phase.SEARCHING_AGAIN})
+"""The phases whose epochs measure (an explorer serves them); in the others one configuration serves."""
+
+# NOTE [ Phases ]
+# SEARCHING -> SETTLED: the search decided (``settle``), or a stored profile or a given configuration
+#   settles the loader at once (``settle_from_profile``).
+# SETTLED -> DUE: a settled epoch ran slower than the baseline (SLOW_EPOCHS in a row), waited longer
+#   for data (DRIFT_EPOCHS), or a stored choice's first epoch met another load (LOAD_CHANGE).
+# SETTLED -> CHECKING_CACHE: at an epoch boundary, the ram cache is full (once).
+# DUE -> RECHECKING (slow epochs, another load) or SEARCHING_AGAIN (drift): at the next boundary.
+# CHECKING_CACHE, RECHECKING, SEARCHING_AGAIN -> SETTLED: their decision (``settle``).
+# Any measuring phase whose epochs run out settles on what was measured.
 
 
 @dataclass(frozen=True)
@@ -158,8 +192,11 @@ class Tuning:
         self.reference_wait: float | None = None
         self.slow = 0
         self.drifting = 0
-        self.pending: str | None = None
-        """Why the next epoch searches again (a check or drift), or ``None``."""
+        self.phase = Phase.SEARCHING
+        """Where the loader is (NOTE [ Phases ]); moved by ``_enter`` alone."""
+        self.why: str | None = None
+        """In DUE, why the next epoch measures again; in a phase that measures again after settling,
+        what it measures (``measuring_again``)."""
         self.noise_sd = 0.0
         """The spread (standard deviation of log-scores) the last search measured."""
         self.filling: pt.Prepared | None = None
@@ -168,9 +205,6 @@ class Tuning:
         """Whether the filled cache was measured against the settled choice already."""
         self.incumbent: tuple[Candidate, Decision] | None = None
         """The settled choice a filled cache is measured against, and the decision that chose it."""
-        self.again: str | None = None
-        """What is measured again after the loader settled (a filled cache, a check, a drift's
-        search), or ``None``; its settled ``result`` stands meanwhile."""
         self.decision: Decision | None = None
         """The decision the loader settled on last."""
         self.started_ahead = 0
@@ -202,7 +236,30 @@ class Tuning:
 
     @property
     def searching(self) -> bool:
-        return self.settled is None
+        return self.phase in MEASURING
+
+    @property
+    def serving_settled(self) -> bool:
+        """Whether the settled configuration serves, unquestioned (not due to be measured again)."""
+        return self.phase is Phase.SETTLED
+
+    def _enter(self, phase: Phase, why: str | None = None, *, settled: Candidate | None = None) -> None:
+        """Move to ``phase`` (NOTE [ Phases ]): the one place the loader's phase and what it has
+        settled on change together."""
+        if phase in MEASURING:
+            settled = None
+        elif settled is None:
+            settled = self.settled
+        if phase not in MEASURING and settled is None:
+            raise RuntimeError(f"{phase.value} without a settled configuration")  # a bug of autotune
+        log.debug("autotune: the loader at %s: %s -> %s%s", self.origin, self.phase.value, phase.value,
+                  f" ({why})" if why else "")
+        self.phase, self.why, self.settled = phase, why, settled
+
+    def settled_failed(self) -> None:
+        """The settled configuration failed (its worker crashed, say): the baseline serves from now
+        on, in the same phase."""
+        self.settled = self.baseline
 
     def next_candidate(self) -> tuple[Candidate, Any] | None:
         if self.explorer is None:
@@ -428,7 +485,7 @@ class Tuning:
                       " first measured pace would have", self.origin, self.explorer.loss_s)
         self.explorer = None
         self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
-        self.settled, self.again = c, None
+        self._enter(Phase.SETTLED, settled=c)
         self.last_search_at = self.epochs_done
         self.reference_wait = None
         self.slow = self.drifting = 0
@@ -464,7 +521,7 @@ class Tuning:
         than when it was chosen, its choice is measured against the baseline again in the next.
         """
         self.result = result
-        self.settled = c
+        self._enter(Phase.SETTLED, settled=c)
         then = result.load_average if result is not None else None
         if then is not None and c != self.baseline:
             self.load_check = (then, cpu_snapshot())
@@ -483,12 +540,12 @@ class Tuning:
         if now is None:
             return  # too short a window to read: the next epoch reads a longer one
         self.load_check = None
-        if abs(now - then) > LOAD_CHANGE and self.settled is not None and self.pending is None:
+        if abs(now - then) > LOAD_CHANGE and self.phase is Phase.SETTLED:
             self.slow = SLOW_EPOCHS
             self.last_search_at = -MIN_EPOCHS_BETWEEN_SEARCHES
-            self.pending = (f"the profile for the loader at {self.origin} was chosen while other"
-                            f" processes ran {then:.2f} of each CPU, and they ran {now:.2f} over the"
-                            " last epoch; measuring its choice against the baseline again")
+            self._enter(Phase.DUE, f"the profile for the loader at {self.origin} was chosen while other"
+                        f" processes ran {then:.2f} of each CPU, and they ran {now:.2f} over the last"
+                        " epoch; measuring its choice against the baseline again")
 
     def _result(self, decision: Decision) -> TuneResult:
         trials = tuple(self.history) + tuple(self.ledger.records)
@@ -499,14 +556,17 @@ class Tuning:
             load_average=others_load(self.load_since),
         )
 
+    def settled_before(self) -> bool:
+        """Whether the loader settled before and measures again now (or at the next epoch): its
+        settled ``result`` stands meanwhile."""
+        return self.result is not None and self.phase not in (Phase.SEARCHING, Phase.SETTLED)
+
     def measuring_again(self) -> str | None:
-        """Where the loader settled before and measures again now (or at the next epoch): what it
-        measures; ``None`` where it never settled or serves its settled choice unquestioned."""
-        if self.result is None:
+        """What the loader measures again after it settled (``settled_before``), for a report;
+        ``None`` where it never settled or serves its settled choice unquestioned."""
+        if not self.settled_before():
             return None
-        if self.settled is None:
-            return self.again
-        return "nothing yet: it was due at the next epoch" if self.pending is not None else None
+        return "nothing yet: it was due at the next epoch" if self.phase is Phase.DUE else self.why
 
     def partial_result(self) -> TuneResult | None:
         """What was measured so far, before a decision."""
@@ -569,10 +629,10 @@ class Tuning:
         self.epochs_done += 1
         self.search_epochs += 1
         allowed = max(1, min(MAX_SEARCH_EPOCHS, self.plan.epochs - 1))
-        if self.settled is not None or self.search_epochs < allowed:
+        if self.phase not in MEASURING or self.search_epochs < allowed:
             return None
         if not self.ledger.by_candidate:  # epochs too short to measure anything: nothing to store
-            self.settled = self.baseline
+            self._enter(Phase.SETTLED, settled=self.baseline)
             return self.baseline
         return self.settle(self.force_decision(), phase_note=" (the search ran out of epochs)")
 
@@ -601,17 +661,17 @@ class Tuning:
         self.drifting = self.drifting + 1 if wait > self.reference_wait + DRIFT_WAIT_RISE else 0
         rested = self.epochs_done - self.last_search_at >= MIN_EPOCHS_BETWEEN_SEARCHES
         left = self.plan.epochs - self.epochs_done
-        if rested and self.slow >= SLOW_EPOCHS:
-            self.pending = (f"the loader at {self.origin} ran {rate:,.0f} samples/s on {self.settled.label()}"
-                            f" against the baseline's {base_rate:,.0f}; measuring the two side by side again"
-                            if self.settled is not None and base_rate else None)
+        if rested and self.slow >= SLOW_EPOCHS and self.settled is not None and base_rate:
+            self._enter(Phase.DUE, f"the loader at {self.origin} ran {rate:,.0f} samples/s on"
+                        f" {self.settled.label()} against the baseline's {base_rate:,.0f}; measuring the two"
+                        " side by side again")
         elif rested and self.drifting >= DRIFT_EPOCHS and left >= 2:
-            self.pending = (f"the loader at {self.origin} waited {wait:.0%} of an epoch for data, against"
-                            f" {self.reference_wait:.0%} when it settled; exploring again")
+            self._enter(Phase.DUE, f"the loader at {self.origin} waited {wait:.0%} of an epoch for data,"
+                        f" against {self.reference_wait:.0%} when it settled; exploring again")
 
     def begin_epoch(self) -> None:
         """Start what a check, a drift or a filled cache asked for, at an epoch boundary."""
-        if (self.pending is None and self.settled is not None and not self.challenged
+        if (self.phase is Phase.SETTLED and self.settled is not None and not self.challenged
                 and self.filling is not None and self.cache_ready() and self.space is not None
                 and self.settled.pretransform != "ram" and self.plan.epochs - self.epochs_done >= 2):
             self.challenged = True
@@ -625,8 +685,8 @@ class Tuning:
                 return
             cached = [c for c in self._cache_candidates() if c != self.settled]
             if cached:
-                settled, self.settled = self.settled, None
-                self.again = f"its filled cache against {settled.label()}"
+                settled = self.settled
+                self._enter(Phase.CHECKING_CACHE, f"its filled cache against {settled.label()}")
                 if self.decision is not None:
                     self.incumbent = (settled, self.decision)
                 log.info("autotune: the loader at %s has filled its cache; measuring it against %s",
@@ -637,21 +697,21 @@ class Tuning:
                 self.explorer = Explorer.challenge(self.space, self.baseline, [*cached, settled],
                                                    self.ledger)
             return
-        if self.pending is None or self.settled is None:
+        if self.phase is not Phase.DUE or self.settled is None:
             return
-        why, self.pending = self.pending, None
-        log.info("autotune: %s", why)
-        settled, self.settled = self.settled, None
+        log.info("autotune: %s", self.why)
+        settled = self.settled
         self.search_epochs = 0
         self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
         self.load_since = cpu_snapshot()
         if self.slow >= SLOW_EPOCHS and settled != self.baseline:
             if self.space is None:
                 self.space, _ = self._space()
-            self.again = f"{settled.label()} against the baseline"
+            self._enter(Phase.RECHECKING, f"{settled.label()} against the baseline")
             self.explorer = Explorer.recheck(self.space, self.baseline, settled, self.ledger)
         else:
-            self.again = "other configurations, the loop waiting longer for data than when it settled"
+            self._enter(Phase.SEARCHING_AGAIN,
+                        "other configurations, the loop waiting longer for data than when it settled")
             self.explorer = None  # a new search, from the baseline
 
 

@@ -497,7 +497,8 @@ def test_a_loader_measuring_again_when_the_script_ended_reports_the_choice_that_
     chosen = Candidate(batch_size=16, torch_threads=1)
     record = LoaderRecord(number=1, origin="fit.py:32", called_from=None, builder="__main__",
                           script_settings={}, batch_size=16, epoch_batches=64, served_batches=100,
-                          settled=False, measuring_again=f"its filled cache against {chosen.label()}",
+                          settled=False, settled_before=True,
+                          measuring_again=f"its filled cache against {chosen.label()}",
                           tuning=TuneResult(loader_kwargs=chosen.loader_kwargs(), torch_threads=1,
                                             trials=(_trial(0, chosen, 1000.0),), key="k"))
     assert record.status == "tuned"
@@ -505,7 +506,7 @@ def test_a_loader_measuring_again_when_the_script_ended_reports_the_choice_that_
     assert "best found: w=0 t=1\n" in text, text
     assert "measured again when the script ended: its filled cache against bs=16 w=0 t=1" in text, text
     assert "stored as profile k" in text and "provisional" not in text
-    record.measuring_again = None
+    record.settled_before, record.measuring_again = False, None
     assert record.status == "exploring"
 
 

@@ -16,7 +16,7 @@ from autotune.online import Outcome
 from autotune.plan import make_plan
 from autotune.result import TuneResult
 from autotune.space import Candidate
-from autotune.tuning import MIN_EPOCHS_BETWEEN_SEARCHES, SLOW_EPOCHS, Fixed, Tuning
+from autotune.tuning import MIN_EPOCHS_BETWEEN_SEARCHES, SLOW_EPOCHS, Fixed, Phase, Tuning
 
 BASE = Candidate(16)
 WORKERS = Candidate(16, num_workers=2, prefetch_factor=2, persistent_workers=True)
@@ -68,13 +68,15 @@ def play(t: Tuning, rates: dict[Candidate, float]) -> None:
 def test_a_settled_choice_slower_than_the_baseline_is_checked_and_dropped() -> None:
     t = tuning()
     settled_epochs(t, MIN_EPOCHS_BETWEEN_SEARCHES, rate=1000.0)  # as promised: nothing happens
-    assert t.pending is None
+    assert t.phase is Phase.SETTLED
     settled_epochs(t, SLOW_EPOCHS, rate=700.0)  # 30 % below the baseline's rate, twice
-    assert t.pending is not None and "side by side again" in t.pending
+    assert t.phase is Phase.DUE and t.why is not None and "side by side again" in t.why
     t.begin_epoch()
+    assert t.phase is Phase.RECHECKING and t.measuring_again() == f"{WORKERS.label()} against the baseline"
     assert t.settled is None and t.explorer is not None and t.explorer.phase == "recheck"
     play(t, {WORKERS: 700.0, BASE: 1000.0})
     assert t.settled == BASE and t.result is not None and t.result.kept_baseline
+    assert t.phase is Phase.SETTLED and t.measuring_again() is None
 
 
 def test_a_choice_that_still_wins_is_kept_after_its_check() -> None:
@@ -91,19 +93,19 @@ def test_one_slow_epoch_is_not_enough_and_checks_are_spaced() -> None:
     settled_epochs(t, 1, rate=700.0)
     settled_epochs(t, 1, rate=1000.0)
     settled_epochs(t, 1, rate=700.0)
-    assert t.pending is None  # never two slow epochs in a row
+    assert t.phase is Phase.SETTLED  # never two slow epochs in a row
     fresh = tuning()
     settled_epochs(fresh, SLOW_EPOCHS, rate=700.0)
-    assert fresh.pending is None  # too soon after the search
+    assert fresh.phase is Phase.SETTLED  # too soon after the search
 
 
 def test_sustained_drift_explores_again_from_the_baseline() -> None:
     t = tuning(settled=BASE)
     settled_epochs(t, MIN_EPOCHS_BETWEEN_SEARCHES, rate=1000.0, wait=0.1)
     settled_epochs(t, 2, rate=1000.0, wait=0.6)
-    assert t.pending is not None and "exploring again" in t.pending
+    assert t.phase is Phase.DUE and t.why is not None and "exploring again" in t.why
     t.begin_epoch()
-    assert t.settled is None and t.explorer is None
+    assert t.phase is Phase.SEARCHING_AGAIN and t.settled is None and t.explorer is None
     assert t.next_candidate() == (BASE, "baseline")
 
 
@@ -114,7 +116,7 @@ def test_a_profile_chosen_under_another_load_is_checked_after_its_first_epoch() 
     def settled_under(then: float) -> Tuning:
         t = tuning(TuneResult(loader_kwargs=WORKERS.loader_kwargs(), baseline_samples_per_s=1000.0,
                               load_average=then))
-        assert t.load_check is not None and t.pending is None  # nothing read yet: nothing decided
+        assert t.load_check is not None and t.phase is Phase.SETTLED  # nothing read yet: nothing decided
         now = cpu_snapshot()
         assert now is not None
         t.load_check = (then, CpuSnapshot(now.at - 10.0, now.busy_s - 9.0 * now.cpus, now.own_s, now.cpus))
@@ -122,12 +124,13 @@ def test_a_profile_chosen_under_another_load_is_checked_after_its_first_epoch() 
         return t
 
     stale = settled_under(0.0)
-    why = stale.pending
+    why = stale.why
+    assert stale.phase is Phase.DUE
     assert why is not None and re.search(r"ran 0\.00 .* they ran 0\.9\d", why), why
     stale.begin_epoch()
     assert stale.explorer is not None and stale.explorer.phase == "recheck"
     same = settled_under(0.9)
-    assert same.pending is None and same.load_check is None
+    assert same.phase is Phase.SETTLED and same.load_check is None
 
 
 def test_a_window_too_short_to_read_waits_for_the_next_epoch() -> None:
@@ -135,7 +138,7 @@ def test_a_window_too_short_to_read_waits_for_the_next_epoch() -> None:
                           load_average=0.0))
     t.load_check = (0.0, cpu_snapshot())  # the epoch ends at once: under MIN_LOAD_WINDOW_S
     settled_epochs(t, 1, rate=1000.0)
-    assert t.load_check is not None and t.pending is None
+    assert t.load_check is not None and t.phase is Phase.SETTLED
 
 
 def filled_and_settled(epochs: int, epochs_done: int) -> Tuning:
