@@ -120,9 +120,13 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _add_store_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+def _add_cache_dir_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--cache-dir", metavar="DIR",
                    help="profile folder (default: $AUTOTUNE_CACHE_DIR, else the user cache folder)")
+
+
+def _add_store_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    _add_cache_dir_flag(p)
     p.add_argument("--storage", metavar="URL",
                    help="an Optuna RDB storage URL for shared profiles, e.g. postgresql://host/db")
 
@@ -229,13 +233,11 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argume
     c_list = csub.add_parser("list", help="one line per cache, most recently used first",
                              description="One line per node cache, most recently used first.")
     c_list.add_argument("--json", action="store_true", help="print the caches as JSON")
-    c_list.add_argument("--cache-dir", metavar="DIR",
-                        help="profile folder (default: $AUTOTUNE_CACHE_DIR, else the user cache folder)")
+    _add_cache_dir_flag(c_list)
     c_clear = csub.add_parser("clear", help="remove every node cache",
                               description="Remove every node cache; a running process that maps one"
                               " keeps its memory until it exits.")
-    c_clear.add_argument("--cache-dir", metavar="DIR",
-                         help="profile folder (default: $AUTOTUNE_CACHE_DIR, else the user cache folder)")
+    _add_cache_dir_flag(c_clear)
     run = _add_run_parser(sub)
     return parser, {"tune": tune, "profiles": profiles, "list": p_list, "show": p_show, "clear": p_clear,
                     "run": run, "cache": nodes}

@@ -271,13 +271,13 @@ def fill_in_pass(dataset: Any, plan: CachePlan, *, memory_budget_bytes: int | No
     probes = Picked(view, indices)
     place = _node_place(dataset, plan)
     # A cache kept for the node was made after this proof, by this code on these samples (its key).
-    if (place is None or not place.found) and not prove(
-            dataset, plan, indices, _filling(probes, plan, len(indices), capacity, share=False)):
-        raise CandidateInfeasible(
-            "pretransform='ram' (fill='pass'): the cache filled while loading gave other samples than"
-            " the dataset on the probes; build it before use (fill='build')"
-        )
-    plan.fingerprint = fingerprint(dataset, plan)  # what the cache freezes is what it is now
+    if place is None or not place.found:
+        if not prove(dataset, plan, indices, _filling(probes, plan, len(indices), capacity, share=False)):
+            raise CandidateInfeasible(
+                "pretransform='ram' (fill='pass'): the cache filled while loading gave other samples"
+                " than the dataset on the probes; build it before use (fill='build')"
+            )
+        plan.fingerprint = fingerprint(dataset, plan)  # what the cache freezes is what it is now
     wrapped = _filling(view, plan, plan.length, capacity, share=shared, node=place)
     reserved = fixed + capacity
     where = "" if shared else f" in private memory, {SHM_DIR} could not spare it"
@@ -303,7 +303,7 @@ class _NodePlace:
     regions the cache needs; ``found``: whether one with its key is on the node already."""
 
     def __init__(self, dataset: Any, plan: CachePlan) -> None:
-        plan.fingerprint = fingerprint(dataset, plan)
+        plan.fingerprint = fingerprint(dataset, plan)  # again after a proof, which reads the probes
         self.key, self.lineage = node.key_of(plan, dataset), node.lineage_of(dataset)
         self.detail = plan.detail
         self.found = node.exists(self.key)

@@ -57,6 +57,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 import types
@@ -68,11 +69,13 @@ from typing import Any
 
 import numpy as np
 import PIL
+import psutil
 import torch
 from PIL import Image
 
 from ..exceptions import AutotuneWarning
 from ..machine import SHM_DIR, read_cgroup_limits, shm_free_bytes
+from ..profiles import resolve_cache_dir
 from ..shm import CACHE_SHM_FRACTION
 from .fresh import Part, _Ref
 
@@ -83,9 +86,6 @@ NODE_CACHE_ENV = "AUTOTUNE_NODE_CACHE"
 
 NODE_DIR_ENV = "AUTOTUNE_NODE_CACHE_DIR"
 """One folder for every node cache, in place of the defaults (NOTE [ Node caches ] 2)."""
-
-CACHE_DIR_ENV = "AUTOTUNE_CACHE_DIR"
-"""The profile cache directory's variable (profiles.py): the disk folder lives under it."""
 
 MAGIC = b"ATNODE01"
 SCHEMA = 1
@@ -134,24 +134,13 @@ def folders(cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
     chosen = os.environ.get(NODE_DIR_ENV, "")
     if chosen:
         return [Path(chosen).expanduser().absolute()]
-    base = _profile_dir(cache_dir)
+    base = resolve_cache_dir(cache_dir)
     tag = hashlib.sha256(str(base).encode()).hexdigest()[:12]
     out = []
     if os.path.isdir(SHM_DIR):
         out.append(Path(SHM_DIR) / f"autotune-{os.getuid() if hasattr(os, 'getuid') else 0}-{tag}")
     out.append(base / "node-caches")
     return out
-
-
-def _profile_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
-    if cache_dir is not None and str(cache_dir):
-        return Path(cache_dir).expanduser().absolute()
-    env = os.environ.get(CACHE_DIR_ENV)
-    if env:
-        return Path(env).expanduser().absolute()
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return (base / "autotune").absolute()
 
 
 def boot_id() -> str:
@@ -188,8 +177,7 @@ def lineage_of(dataset: Any) -> str | None:
 
 
 def _version(name: str) -> str:
-    module = __import__("sys").modules.get(name)
-    return str(getattr(module, "__version__", ""))
+    return str(getattr(sys.modules.get(name), "__version__", ""))
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -619,8 +607,6 @@ def _in_shm(folder: Path) -> bool:
 def budget_bytes(folder: Path) -> int | None:
     """Bytes the node caches of ``folder`` may take (NOTE [ Node caches ] 5); None: unknown."""
     limits = read_cgroup_limits()
-    import psutil
-
     memory = int(psutil.virtual_memory().total)
     if limits.memory_limit_bytes is not None:
         memory = min(memory, limits.memory_limit_bytes)
