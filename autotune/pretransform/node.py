@@ -62,6 +62,7 @@ import threading
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -300,12 +301,15 @@ def _views(storage: torch.UntypedStorage, regions: Iterable[Region]) -> dict[str
 class NodeLock:
     """The ragged allocation lock of a node cache: flock on a file (released by the kernel when its
     holder dies) and a thread lock, so that threads of one process exclude each other too. Pickled,
-    it is its path: a process opens its own descriptor (a forked child sharing its parent's open file
-    would share its flock)."""
+    it is its path. Each process opens its own descriptor (a forked child sharing its parent's open
+    file would share its flock): a child forgets its parent's at the fork."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._pid = -1
+        self._reset()
+        _locks.add(self)
+
+    def _reset(self) -> None:
         self._fd = -1
         self._thread = threading.Lock()
 
@@ -315,37 +319,45 @@ class NodeLock:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"])  # type: ignore[misc]
 
-    def _descriptor(self) -> int:
-        if self._pid != os.getpid():
-            self._pid, self._thread = os.getpid(), threading.Lock()
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        return self._fd
-
     def acquire(self, timeout: float = -1) -> bool:
         deadline = time.monotonic() + (timeout if timeout >= 0 else 1e9)
-        try:
-            fd = self._descriptor()
-        except OSError:
-            return False
         if not self._thread.acquire(timeout=timeout):
             return False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    self._thread.release()
-                    return False
-                time.sleep(0.0005)
-            except OSError:
-                self._thread.release()
-                return False
+        try:  # under the thread lock: one descriptor per process, locked by one thread at a time
+            if self._fd < 0:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            while True:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return True
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.0005)
+        except OSError:
+            pass
+        self._thread.release()
+        return False
 
     def release(self) -> None:
         with contextlib.suppress(OSError):
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._thread.release()
+
+
+_locks: weakref.WeakSet[NodeLock] = weakref.WeakSet()
+
+
+def _forget_parents_locks() -> None:
+    for lock in list(_locks):
+        if lock._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(lock._fd)
+        lock._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parents_locks)
 
 
 # ------------------------------------------------------------------------------------------- file
