@@ -127,16 +127,40 @@ def estimate_workers(baseline: Measurement, bound: int) -> int:
     return max(1, min(bound, math.ceil(baseline.wait_ms / step)))
 
 
+@dataclass(frozen=True)
+class Failure:
+    """Why a candidate has no measurement: the error's type and its one line (``describe_error``)."""
+
+    kind: str
+    """The exception's type name (``WorkerFailed``, ``MemoryLimitExceeded``, the user's own type)."""
+    message: str
+    in_worker: bool = False
+    """Raised in a worker and re-raised by torch: ``message`` is the original's last line."""
+    rank: int | None = None
+    """Under torchrun, the rank it failed on (``None``: this process)."""
+
+    @classmethod
+    def of(cls, err: BaseException) -> Failure:
+        mapped = map_loader_error(err)
+        if mapped is not None:
+            return cls(type(mapped).__name__, str(mapped).strip().splitlines()[0][:300])
+        lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+        if len(lines) > 1 and ("worker process" in lines[0] or "thread worker" in lines[0]):
+            return cls(type(err).__name__, lines[-1][:300], in_worker=True)
+        return cls(type(err).__name__, (lines or [""])[0][:300])
+
+    def on_rank(self, rank: int) -> Failure:
+        return replace(self, rank=rank)
+
+    def __str__(self) -> str:
+        text = f"{self.kind}{' in a worker' if self.in_worker else ''}: {self.message}"
+        return text if self.rank is None else f"failed on rank {self.rank}: {text}"
+
+
 def describe_error(err: BaseException) -> str:
     """One line for a failed trial: ``Type: message``; a worker failure as the candidate's; an error
     re-raised from a worker by the original's last line."""
-    mapped = map_loader_error(err)
-    if mapped is not None:
-        return f"{type(mapped).__name__}: {str(mapped).strip().splitlines()[0][:300]}"
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    if len(lines) > 1 and ("worker process" in lines[0] or "thread worker" in lines[0]):
-        return f"{type(err).__name__} in a worker: {lines[-1][:300]}"
-    return f"{type(err).__name__}: {(lines or [''])[0][:300]}"
+    return str(Failure.of(err))
 
 
 def is_oom(err: BaseException) -> bool:

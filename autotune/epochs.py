@@ -95,7 +95,7 @@ from typing import Any
 import torch.utils.data as tud
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
-from .decide import Phase, describe_error
+from .decide import Failure, Phase
 from .feed import Feed, FeedSampler
 from .measure import (
     WARMUP_BATCHES,
@@ -272,6 +272,10 @@ class Timeline:
 class Failed(Exception):
     """A candidate's stretch failed for a reason of its own (kept in ``Stretch.failure``)."""
 
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
 
 class Stretch:
     """One candidate serving up to ``limit`` items of the feed (``None``: to the end)."""
@@ -297,7 +301,7 @@ class Stretch:
         self.raised = 0
         """Items whose loading raised the user's error (handed to the caller as that error)."""
         self.samples = 0
-        self.failure: str | None = None
+        self.failure: Failure | None = None
         self.abandoned = False
         self.interfered = False
         self.done = False
@@ -348,7 +352,7 @@ class Stretch:
             self.fail(err)
 
     def fail(self, err: BaseException) -> None:
-        self.failure = describe_error(err)
+        self.failure = Failure.of(err)
         self.done = True
         raise Failed(self.failure) from err
 

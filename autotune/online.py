@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from .decide import FINALISTS, PRUNE_RATIO, TIE_TOLERANCE, Decision, Ledger, Phase, estimate_workers
+from .decide import FINALISTS, PRUNE_RATIO, TIE_TOLERANCE, Decision, Failure, Ledger, Phase, estimate_workers
 from .measure import WARMUP_BATCHES, Measurement
 from .space import Candidate, SearchSpace, WorkerKind
 
@@ -128,7 +128,7 @@ class Outcome:
     candidate: Candidate
     phase: Phase
     measurement: Measurement | None = None
-    failure: str | None = None
+    failure: Failure | None = None
     abandoned: bool = False
     samples: int = 0
     wall_s: float = 0.0
@@ -235,7 +235,7 @@ class Explorer:
     def record(self, o: Outcome) -> None:
         c = o.candidate
         if o.failure is not None:
-            self.ledger.record(c, o.phase, "failed", reason=o.failure, duration_s=o.wall_s)
+            self.ledger.record(c, o.phase, "failed", reason=str(o.failure), duration_s=o.wall_s)
         elif o.abandoned:
             self.ledger.record(c, o.phase, "pruned", m=o.measurement, duration_s=o.wall_s,
                                reason="abandoned: clearly slower than the best so far")

@@ -439,10 +439,10 @@ class Tuning:
         shares = [g[1] for g in gathered]
         # CPU-bound only where every rank's loading is: the ranks must queue the same candidates.
         o = replace(o, load_cpu_share=None if None in shares else min(s for s in shares if s is not None))
-        failed = [(rank, text) for rank, (kind, text) in enumerate(outcomes) if kind == "failed"]
+        failed = [(rank, failure) for rank, (kind, failure) in enumerate(outcomes) if kind == "failed"]
         if failed:
-            return replace(o, failure=f"failed on rank {failed[0][0]}: {failed[0][1]}", measurement=None,
-                           abandoned=False)
+            rank, failure = failed[0]
+            return replace(o, failure=failure.on_rank(rank), measurement=None, abandoned=False)
         if all(kind == "ok" for kind, _ in outcomes):
             reduced = reduce_measurements([Measurement.from_dict(d) for _, d in outcomes])
             return replace(o, measurement=reduced, abandoned=False)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from autotune.decide import describe_error
+from autotune.decide import Failure, describe_error
 from autotune.exceptions import ProfileStoreWarning
 from autotune.measure import Measurement
 from autotune.space import Candidate, SearchSpace
@@ -89,6 +89,12 @@ def test_an_error_from_a_thread_worker_is_described_by_its_own_last_line() -> No
     err = ValueError("Caught ValueError in DataLoader thread worker 1.\nOriginal Traceback (most recent"
                      " call last):\n  File \"x.py\", line 3, in f\nValueError: sample 5 is corrupt")
     assert describe_error(err) == "ValueError in a worker: ValueError: sample 5 is corrupt"
+    # The same failure as a value: its type and line stay apart, and a rank names itself.
+    failure = Failure.of(err)
+    assert (failure.kind, failure.in_worker, failure.message) == ("ValueError", True,
+                                                                 "ValueError: sample 5 is corrupt")
+    assert str(failure.on_rank(1)) == "failed on rank 1: " + describe_error(err)
+    assert Failure.of(MemoryError("out")) == Failure("MemoryError", "out")
 
 
 def test_a_study_database_that_cannot_be_opened_is_named_without_its_password() -> None:
