@@ -759,8 +759,11 @@ def leftovers(before: Snapshot, settle_s: float = SETTLE_S) -> list[str]:
     """What was started since ``before`` and is still there after ``settle_s``: child processes,
     threads, shared-memory files. Leftover processes are then killed, so the next test starts clean."""
     deadline = time.monotonic() + settle_s
+    collect = False  # a full collection takes a good part of a second in a long suite: only when needed
     while True:
-        gc.collect()
+        if collect:
+            gc.collect()
+        collect = True
         children = {pid: p for pid, p in live_children().items()
                     if pid not in before.children and not _process_wide_helper(p)}
         threads = [t for t in threading.enumerate() if t not in before.threads and t.is_alive()]

@@ -373,7 +373,7 @@ def test_python_dash_m_autotune_tune_json(tmp_path: Path) -> None:
     # The default workload at its default size, as a user would run it; AUTOTUNE_CACHE_DIR (set by
     # conftest.py) is inherited, so the user's own cache is untouched.
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "tune", "--budget", "15", "--json"],
+        [sys.executable, "-m", "autotune", "tune", "--budget", "8", "--json"],
         capture_output=True, text=True, timeout=120, env=os.environ.copy(),
     )
     assert proc.returncode == 0, proc.stderr
@@ -388,7 +388,7 @@ def test_python_dash_m_autotune_tune_json(tmp_path: Path) -> None:
 def test_the_baseline_is_the_settings_given_and_the_report_says_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, err = run(capsys, "tune", "--budget", "15", "--samples", "512", "--max-workers", "2",
+    code, out, err = run(capsys, "tune", "--budget", "8", "--samples", "512", "--max-workers", "2",
                          "--batch-size", "16", "--baseline",
                          "num_workers=1,pin_memory=False", "--json", "--quiet", "--no-cache")
     assert code == 0, err

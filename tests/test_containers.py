@@ -149,7 +149,7 @@ def test_the_command_line_reports_the_limits(shm64: list[str]) -> None:
     # The default workload with 10 000 samples: its ram cache (~120 MB) is more than a 64 MiB
     # /dev/shm can spare, so it is built in private memory; the header and the JSON name the limit.
     done = _run(shm64, ["sh", "-c", f'"{sys.executable}" -m autotune tune --json --samples 10000'
-                        ' --budget 15 --no-cache && ls /dev/shm'])
+                        ' --budget 8 --no-cache && ls /dev/shm'])
     out = done.stdout
     document, listing = out[: out.rindex("}") + 1], out[out.rindex("}") + 1:]
     data = json.loads(document)

@@ -293,7 +293,8 @@ def clean(no_leaked_children: None, _isolated_cache: Path) -> Iterator[Path]:
     """The cache folder; afterwards: no new shm segment, no temp file, every profile readable."""
     before = _shm_entries()
     yield _isolated_cache
-    gc.collect()  # a segment is left behind only if it outlives every object that holds it
+    if _leaked_shm(before):
+        gc.collect()  # a segment is left behind only if it outlives every object that holds it
     assert not _leaked_shm(before), f"shared memory left behind: {_leaked_shm(before)}"
     assert not _temp_files(_isolated_cache), f"temporary files left: {_temp_files(_isolated_cache)}"
     _profiles(_isolated_cache)
