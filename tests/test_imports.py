@@ -125,6 +125,44 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+
+TORCH_PRIVATE = {("supervise.py", "_worker_pids_set"), ("supervise.py", "_shutdown"),
+                 ("supervise.py", "_iterator"), ("serving.py", "_IterableDataset_len_called")}
+"""Torch's own iterator and loader attributes: set as torch's shutdown sets them where workers are
+stopped from outside (NOTE [ Shut-down under signals ] in supervise.py), and the flag behind torch's
+warning on a stream longer than the len() asked, carried from the user's loader to the inner one."""
+
+
+def _foreign_private_writes(path: Path) -> list[tuple[str, int]]:
+    """``(attribute, line)`` of every assignment to ``obj._name`` where ``obj`` is not ``self`` or
+    ``cls``: state another object owns, written from outside it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            for t in ast.walk(target):
+                if (isinstance(t, ast.Attribute) and t.attr.startswith("_") and not t.attr.startswith("__")
+                        and not (isinstance(t.value, ast.Name) and t.value.id in ("self", "cls"))):
+                    found.append((t.attr, t.lineno))
+    return found
+
+
+def test_no_module_writes_another_object_s_private_state() -> None:
+    found = [(str(p.relative_to(PACKAGE)), attr, line) for p in sorted(PACKAGE.rglob("*.py"))
+             for attr, line in _foreign_private_writes(p)]
+    assert [(f, a, n) for f, a, n in found if (f, a) not in TORCH_PRIVATE] == []
+
+
+def test_a_write_to_another_object_s_private_state_is_found(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("def f(loader):\n    loader._inner_loaders += 1\n    self._mine = 1\n"
+                    "    a, loader._pair = 1, 2\n    loader.public = 3\n")
+    assert _foreign_private_writes(path) == [("_inner_loaders", 2), ("_pair", 4)]
+
 PRELOADED = ("torch", "torchvision", "optuna", "psutil")
 """Imported once before the forks: the dependencies every module would otherwise import again."""
 
