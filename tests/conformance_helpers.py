@@ -215,14 +215,18 @@ def both(state: str, loop: Callable[[Any, torch.Generator | None], Any],
     With ``oracle_key``, torch's result is computed once per key and reused (for the slow loops,
     under ``spawn`` or a timeout, which every state compares with).
     """
-    if oracle_key is not None and oracle_key in _oracle:
-        expected = _oracle[oracle_key]
-    else:
-        expected = run("torch", loop, dataset(), **options)
-        if oracle_key is not None:
-            _oracle[oracle_key] = expected
+    expected = oracle(oracle_key, lambda: run("torch", loop, dataset(), **options))
     got = run(state, loop, dataset(), **options)
     return expected, got
+
+
+def oracle(key: str | None, compute: Callable[[], Any]) -> Any:
+    """torch's result, computed once per ``key`` (every time where ``key`` is ``None``)."""
+    if key is None:
+        return compute()
+    if key not in _oracle:
+        _oracle[key] = compute()
+    return _oracle[key]
 
 
 def epochs(loader: Any, g: torch.Generator | None, n: int = EPOCHS) -> list[dict[str, Any]]:

@@ -226,16 +226,15 @@ def test_the_cifar_shaped_workload_measures_the_ram_cache_and_serves_it(no_leake
     loader.close()
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"memory_budget_bytes": -5}, r"memory_budget_bytes=-5 must be > 0"),
-        ({"batch_timeout_s": 0}, r"batch_timeout_s=0 must be > 0"),
-        ({"max_workers": -1}, r"max_workers=-1 must be a non-negative integer"),
-        ({"batch_size": 4096}, r"batch_size=4096 is larger than the dataset"),
-    ],
-)
-def test_arguments_are_checked_before_a_stored_profile_answers(kwargs, match) -> None:
+BAD_ARGUMENTS = [
+    ({"memory_budget_bytes": -5}, r"memory_budget_bytes=-5 must be > 0"),
+    ({"batch_timeout_s": 0}, r"batch_timeout_s=0 must be > 0"),
+    ({"max_workers": -1}, r"max_workers=-1 must be a non-negative integer"),
+    ({"batch_size": 4096}, r"batch_size=4096 is larger than the dataset"),
+]
+
+
+def test_arguments_are_checked_before_a_stored_profile_answers() -> None:
     # The first call stores a profile for this workload; the second would be a cache hit, and a bad
     # argument must be refused all the same (none of these arguments is part of the profile key).
     ds = Remote(256)
@@ -243,10 +242,11 @@ def test_arguments_are_checked_before_a_stored_profile_answers(kwargs, match) ->
     hit = tune_loader(ds, batch_size=32, budget_s=3.0, progress=False, pretransform="none",
                       max_workers=1)
     assert hit.from_cache
-    call = {"batch_size": 32, "budget_s": 3.0, "progress": False, "pretransform": "none",
-            "max_workers": 1, **kwargs}
-    with pytest.raises(ConfigurationError, match=match):
-        tune_loader(ds, **call)
+    for kwargs, match in BAD_ARGUMENTS:
+        call = {"batch_size": 32, "budget_s": 3.0, "progress": False, "pretransform": "none",
+                "max_workers": 1, **kwargs}
+        with pytest.raises(ConfigurationError, match=match):
+            tune_loader(ds, **call)
 
 
 def test_the_baseline_is_what_the_user_runs_even_outside_the_space(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -328,16 +328,12 @@ def test_spin_quick_run_measures_every_arm_in_its_own_process_and_stops_its_hog(
     (level,) = data["levels"]
     assert level["hogs"] == 1 and list(level["arms"]) == list(spin.ARMS)
     assert all(len(a["samples_per_s"]) == spin.QUICK["rounds"] for a in level["arms"].values())
+    # Each arm ran as it says: the passive wait policy in its environment, one torch thread.
+    assert level["arms"]["passive"]["ran_with"]["omp_wait_policy"] == "PASSIVE"
+    assert level["arms"]["threads=1"]["ran_with"] == {"torch_threads": 1, "omp_wait_policy": None}
+    assert level["arms"]["defaults"]["ran_with"]["omp_wait_policy"] is None
     assert level["hog_cpu_s"][0] is not None
     assert "Quick mode" in (tmp_path / "SPIN.md").read_text()
-
-
-def test_spin_arms_run_as_they_say() -> None:
-    from benchmarks.scripts import spin
-
-    assert spin.run_arm("passive", 1, warmup=0)["omp_wait_policy"] == "PASSIVE"
-    one = spin.run_arm("threads=1", 1, warmup=0)
-    assert one["torch_threads"] == 1 and one["omp_wait_policy"] is None
 
 
 @pytest.mark.parametrize("script", ["training", "autotune_run", "repeat", "startup", "spin"])

@@ -89,6 +89,7 @@ from conformance_helpers import (
     mark_initialised,
     nested_collate,
     open_handle,
+    oracle,
     readers,
     record_worker_init,
     rng_states,
@@ -219,7 +220,8 @@ ORDER_CASES = {
 
 @pytest.mark.parametrize("case", list(ORDER_CASES))
 def test_same_batches_and_rng_every_epoch(state: str, case: str) -> None:
-    expected, got = both(state, epochs, Indexed, generator=True, kwargs=ORDER_CASES[case])
+    expected, got = both(state, epochs, Indexed, generator=True, kwargs=ORDER_CASES[case],
+                         oracle_key=f"order-{case}")
     assert_same_epochs(expected, got)
 
 
@@ -816,7 +818,8 @@ def test_the_baseline_waits_as_long_as_the_user_s_loader_would(state: str) -> No
         return [canon(list(loader))]
 
     kwargs = {"batch_size": BATCH, "num_workers": 2}
-    expected = run("torch", loop, SlowFirst(40, 2.5), kwargs=lambda ds, g: kwargs)
+    expected = oracle("slow-first",
+                      lambda: run("torch", loop, SlowFirst(40, 2.5), kwargs=lambda ds, g: kwargs))
     got = run(state, loop, SlowFirst(40, 2.5), kwargs=lambda ds, g: {**kwargs, "batch_timeout_s": 1.0})
     assert_same(expected, got)
 
@@ -1170,7 +1173,8 @@ def test_datasets_changed_between_epochs_are_served_as_torch_serves_them(part: i
     # CASE_PARTS tests, each well within the suite's per-test time limit on a busy machine.
     failures = []
     mine = CASES[part::CASE_PARTS]
-    for case, (how, written, state) in enumerate(mine, start=part * len(mine)):
+    for how, written, state in mine:
+        case = CHANGES.index(how) * len(WRITTEN) + WRITTEN.index(written)  # torch's result: one per case
         n = (16, 24, 30)[case % 3]
 
         def loop(loader: Any, g: Any, how: str = how) -> list[Any]:
@@ -1181,8 +1185,9 @@ def test_datasets_changed_between_epochs_are_served_as_torch_serves_them(part: i
             return out
 
         expected, got = both(state, loop, lambda n=n: Changing(n), generator="shuffle" in written,
-                             seed=case, kwargs=lambda ds, g, w=written: {"batch_size": 4, **w,
-                                                                         **({"generator": g} if g else {})})
+                             seed=case, oracle_key=f"changed-{case}",
+                             kwargs=lambda ds, g, w=written: {"batch_size": 4, **w,
+                                                              **({"generator": g} if g else {})})
         if got != expected:
             failures.append((case, how, written, state))
     assert not failures, f"{len(failures)} of {len(mine)} cases differ from torch: {failures[:5]}"

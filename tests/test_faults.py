@@ -528,8 +528,8 @@ def test_a_step_that_always_raises_propagates_its_error_with_the_candidate(clean
     assert _profiles(clean) == {}
 
 
-@pytest.mark.parametrize("error", ["torch", "python"])
-@pytest.mark.parametrize("batch_size", [None, [16, 32, 64, 128]])
+# Each error kind and each way of giving the batch sizes once: the two do not interact.
+@pytest.mark.parametrize(("error", "batch_size"), [("torch", None), ("python", [16, 32, 64, 128])])
 def test_out_of_memory_at_large_batches_makes_them_infeasible(
     error: str, batch_size: Any, clean: Path
 ) -> None:

@@ -486,7 +486,7 @@ def test_the_next_candidate_starts_while_the_last_batches_are_served(no_leaked_c
     # is still exactly torch's, sample for sample, in order.
     ds = Remote(3072, delay_s=0.003)
     kw = {"batch_size": 16, "shuffle": True, "num_workers": 2}
-    expected = _torch_epochs(ds, 2, seed=7, **kw)
+    expected = _torch_epochs(Remote(3072, delay_s=0.0), 2, seed=7, **kw)  # the same samples, at once
     with DataLoader(ds, generator=torch.Generator().manual_seed(7), cache=False, pretransform="none",
                     **kw) as loader:
         got = [_epoch(loader) for _ in range(2)]
@@ -524,7 +524,8 @@ def test_leaving_the_loop_while_a_stretch_starts_ahead_leaves_nothing_behind(no_
 
         got = run(loader, ahead)
         assert at_break[-1] == 1  # the loop left right after the first stretch started ahead
-    torch_loader = torch.utils.data.DataLoader(ds, generator=torch.Generator().manual_seed(3), **kw)
+    at_once = Remote(3072, delay_s=0.0)  # the same samples, without the wait
+    torch_loader = torch.utils.data.DataLoader(at_once, generator=torch.Generator().manual_seed(3), **kw)
     assert got == run(torch_loader, lambda first: len(first) >= len(got[0]))
 
 

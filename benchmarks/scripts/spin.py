@@ -133,6 +133,7 @@ def level(hogs: int, rounds: int, batches: int, warmup: int = WARMUP) -> dict[st
             "step_ms": [x["step_ms"] for x in per[arm]],
             "median_step_ms": statistics.median(x["step_ms"] for x in per[arm]),
             "against_defaults": None if arm == "defaults" else paired_interval(sps, base),
+            "ran_with": {k: per[arm][0][k] for k in ("torch_threads", "omp_wait_policy")},
         }
     return {"hogs": hogs, "load_start": load_start, "load_end": load_end,
             "hog_cpu_s": [rec.get("cpu_s") for rec in records], "arms": arms}
