@@ -112,7 +112,6 @@ from .supervise import (
     CHILD_SIGNAL,
     process_memory,
     ready_batches,
-    remove_orphan_segments,
     start_iterator,
     stop_iterator,
     worker_pids,
@@ -445,9 +444,7 @@ class Stretch:
             self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it))
         left = self._not_handed_out()
         if self.it is not None and not self.held:
-            workers = worker_pids(self.it) if self.failure is not None else set()
-            stop_iterator(self.it)
-            remove_orphan_segments(workers)  # what workers that died mid-batch left in /dev/shm
+            stop_iterator(self.it)  # and what its workers left in /dev/shm
         if left is not None:
             assert self.feed is not None and self.sampler is not None
             self.feed.give_back(left)

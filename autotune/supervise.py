@@ -620,13 +620,20 @@ def _stop_half_built(tb: Any) -> None:
 
 def stop_iterator(it: Any) -> None:
     """Shut one DataLoader iterator down: torch's worker processes (joined, and terminated by torch if
-    they do not exit), or a ThreadDataLoader's threads. Errors on the way are not the caller's."""
+    they do not exit), or a ThreadDataLoader's threads. Errors on the way are not the caller's.
+
+    What its workers left in /dev/shm goes too: a worker whose allocation failed there raises an
+    error that names the segment, and an iterator stopped before that error is read (the stretch was
+    over) would leave the segment behind.
+    """
+    workers = worker_pids(it)
     for name in ("_shutdown_workers", "close"):
         stop = getattr(it, name, None)
         if stop is not None:
             with contextlib.suppress(Exception):
                 stop()
-            return
+            break
+    remove_orphan_segments(workers)
 
 
 def _shutdown(iterators: tuple[Any, ...], loader: Any) -> None:

@@ -123,6 +123,26 @@ def test_the_users_own_workers_get_torchs_error(shm64: list[str]) -> None:
     assert seen["ours"] == seen["torch"]
 
 
+def test_a_stopped_iterator_leaves_nothing_in_dev_shm(shm64: list[str]) -> None:
+    # A worker whose batch does not fit raises an error naming the segment torch created and could
+    # not fill. An iterator stopped before that error is read (a stretch that is over) would leave
+    # the segment in /dev/shm for good: torch's own shut-down does (the segments seen below).
+    seen = _script(shm64, """
+        import time
+        import torch.utils.data as tud
+        from autotune.supervise import stop_iterator
+        it = iter(tud.DataLoader(BigImages(640), batch_size=64, num_workers=2))
+        deadline = time.monotonic() + 60
+        while not segments() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        failed = segments()  # visible only when failed: torch unlinks a segment it filled at once
+        stop_iterator(it)
+        print(json.dumps({"failed": failed, "left": segments()}))
+    """)
+    assert seen["failed"], "no worker ran out of /dev/shm: nothing was tested"
+    assert seen["left"] == []
+
+
 def test_tune_loader_leaves_out_the_workers_dev_shm_cannot_hold(shm64: list[str]) -> None:
     seen = _script(shm64, """
         from autotune import report, tune_loader
