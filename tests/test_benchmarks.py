@@ -278,13 +278,13 @@ def test_training_quick_run_records_both_modes_and_stops_its_hog(tmp_path: Path)
     assert "Quick mode" in report and "| no-gain | loaded |" in report
 
 
-def test_autotune_run_quick_run_checks_the_reported_speedup_for_both_scripts(tmp_path: Path) -> None:
+def test_autotune_run_quick_run_checks_the_reported_speedup(tmp_path: Path) -> None:
     from benchmarks.scripts import autotune_run
 
     _quick("autotune_run.py", tmp_path)
     data = json.loads((tmp_path / "autotune_run.json").read_text())
     assert data["quick"] is True and data["parts"] == list(autotune_run.PARTS)
-    assert [c["workers"] for c in data["speedup"]] == list(autotune_run.CHECK_WORKERS)
+    assert [c["workers"] for c in data["speedup"]] == list(autotune_run.QUICK_CHECK_WORKERS)
     for check in data["speedup"]:
         # Whatever the report decided, both settings were measured in every round.
         assert len(check["samples_per_s"]["script"]) == len(check["samples_per_s"]["reported"]) == 1

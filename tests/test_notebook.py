@@ -33,7 +33,7 @@ def test_the_quickstart_notebook_runs(tmp_path: Path, monkeypatch: pytest.Monkey
     }))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")  # jupyter_core's future default; no deprecation
-    monkeypatch.setenv("AUTOTUNE_NOTEBOOK_BUDGET", "6")
+    monkeypatch.setenv("AUTOTUNE_NOTEBOOK_BUDGET", "3")
     # AUTOTUNE_CACHE_DIR is already a temporary folder (conftest.py); the kernel inherits it.
 
     nb = nbformat.read(NOTEBOOK, as_version=4)

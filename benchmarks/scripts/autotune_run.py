@@ -108,6 +108,10 @@ RUN_TIMEOUT_S = 900
 CHECK_WORKERS = (16, 0)
 """The settings the speed-up check's scripts write (NOTE [ The reported speed-up, checked ] 1)."""
 
+QUICK_CHECK_WORKERS = (0,)
+"""``--quick``: the one setting whose tiny epochs the report can measure (and so the one that runs
+the check's every step)."""
+
 CHECK_BATCH_SIZE = 16
 """The check's scripts' batch size, as the seed's."""
 
@@ -615,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             tune_epochs = CHECK_TUNE_EPOCHS if not args.quick else QUICK_TUNE_EPOCHS
             data["speedup"] = [speedup_check(work, w, samples=args.check_samples, rounds=args.check_rounds,
                                              tune_epochs=tune_epochs, epochs=args.check_epochs)
-                               for w in CHECK_WORKERS]
+                               for w in (QUICK_CHECK_WORKERS if args.quick else CHECK_WORKERS)]
         if "overhead" in parts:
             data["overhead"] = overhead(work, runs=args.overhead_runs)
     data["minutes"] = (time.perf_counter() - started) / 60.0

@@ -73,7 +73,7 @@ DEFAULT_WORKLOADS = ("cifar10-like", "latency", "photos-crop-48")
 """Workloads where more than one configuration is plausible: a cache or thread workers, how many
 workers behind a storage latency, a random crop on photos."""
 
-QUICK = {"tunings": 2, "rounds": 2, "min_epoch_s": 2.0, "budget": 3.0, "window_s": 0.3,
+QUICK = {"tunings": 2, "rounds": 2, "min_epoch_s": 1.0, "budget": 1.5, "window_s": 0.3,
          "workload": ["latency"]}
 """A smoke run: one tiny workload, two tunings per driver; its figures mean nothing."""
 

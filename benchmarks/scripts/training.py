@@ -116,7 +116,7 @@ TARGETS = (
 )
 """(name, (numerator, denominator), bound on the median ratio of wall times, modes it applies to)."""
 
-QUICK = {"min_epoch_s": 0.1, "epochs": 1, "budget": 3.0, "repeats": 1, "workload": ["no-gain"]}
+QUICK = {"min_epoch_s": 0.1, "epochs": 1, "budget": 1.5, "repeats": 1, "workload": ["no-gain"]}
 """A smoke run: one tiny workload of a few batches, both modes, one repeat of one-epoch runs, a short
 tuning budget (in the loaded mode it may run out, which the run records); its figures mean nothing."""
 
