@@ -467,22 +467,22 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 def copy_rows(dst: torch.Tensor, rows: np.ndarray, values: Sequence[Any], kind: str) -> None:
     """Rows ``rows`` of ``dst`` (on the CPU, fixed-shape kind ``kind``) take ``values``, one each: one
     stack and one indexed copy for them all, where a row assignment each costs ~8 us, most of a small
-    sample's whole load. From ``MEMCPY_FROM`` elements through NumPy, on one thread (``copy_into``
-    says why), and below it through torch, which then runs on one thread too and converts nothing.
-    Nothing is written before every value converted."""
-    if kind != "tensor" or len(values) * values[0].numel() >= MEMCPY_FROM:
-        try:
-            out = dst.numpy()
-            if kind == "tensor":
-                array = np.stack([v.detach().numpy() for v in values])
-            else:
-                array = np.asarray(values, dtype=out.dtype)
-            if array.dtype != out.dtype:
-                raise TypeError(f"{array.dtype} is not {out.dtype}")
-            out[rows] = array.reshape(len(rows), *out.shape[1:])
-            return
-        except (TypeError, RuntimeError, ValueError):
-            pass  # a dtype NumPy lacks (bfloat16), a tensor it cannot view (conjugated)
+    sample's whole load. Through NumPy, on one thread, whatever the size: torch's indexed copy hands
+    even a few rows to its OpenMP threads, and in a loop whose step leaves them asleep, waking them
+    costs milliseconds a batch where the copy takes tens of microseconds (``copy_into`` says more).
+    Torch only where NumPy cannot (bfloat16). Nothing is written before every value converted."""
+    try:
+        out = dst.numpy()
+        if kind == "tensor":
+            array = np.stack([v.detach().numpy() for v in values])
+        else:
+            array = np.asarray(values, dtype=out.dtype)
+        if array.dtype != out.dtype:
+            raise TypeError(f"{array.dtype} is not {out.dtype}")
+        out[rows] = array.reshape(len(rows), *out.shape[1:])
+        return
+    except (TypeError, RuntimeError, ValueError):
+        pass  # a dtype NumPy lacks (bfloat16), a tensor it cannot view (conjugated)
     if kind == "tensor":
         plain = all(type(v) is torch.Tensor and not v.requires_grad for v in values)
         block = torch.stack(list(values) if plain else [v.detach().as_subclass(torch.Tensor) for v in values])
