@@ -31,9 +31,11 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    is tested on the logarithms of every repeated measurement, with the noise from the spread of
 #    the repeats themselves (the pooled variance of each candidate's measurements around its own
 #    mean). Either way the noise is measured, not assumed. The one-sided lower bound of the ratio at
-#    CONFIDENCE must be above 1; otherwise the baseline is kept. Without repeats there is no noise
-#    estimate and no confident win. The interval is reported with the speed-up: its two one-sided
-#    CONFIDENCE bounds, together a two-sided interval of 2 * CONFIDENCE - 1 (90 %).
+#    CONFIDENCE must be above 1, and the ratio itself at least 1 + TIE_TOLERANCE (a confident gain of
+#    a percent or two is not worth changing what the user runs); otherwise the baseline is kept.
+#    Without repeats there is no noise estimate and no confident win. The interval is reported with
+#    the speed-up: its two one-sided CONFIDENCE bounds, together a two-sided interval of
+#    2 * CONFIDENCE - 1 (90 %).
 # 4. Finalists are the best FINALISTS by median score (an out-of-order leader with its in-order twin)
 #    and the baseline, re-measured in interleaved rounds so that a slow drift of a shared machine hits
 #    them alike.
@@ -440,13 +442,14 @@ class Ledger:
             return Decision(base, base, None, None, "no other configuration could be measured")
         verdict = self.verdict(challenger.candidate, baseline)
         assert verdict is not None
-        if verdict.wins:
+        if verdict.wins and verdict.ratio >= 1.0 + TIE_TOLERANCE:
             return Decision(challenger, base, challenger, verdict,
                             f"{challenger.candidate.label()} beats the baseline: {verdict.describe()}")
+        why = (f"faster by less than {TIE_TOLERANCE:.0%}: not worth a change" if verdict.wins
+               else f"not a win at {verdict.confidence:.0%} confidence")
         kept = Decision(base, base, challenger, verdict,
                         f"kept the baseline: the best other configuration, {challenger.candidate.label()},"
-                        f" measured {verdict.describe()}, not a win at {verdict.confidence:.0%}"
-                        " confidence")
+                        f" measured {verdict.describe()}, {why}")
         more = self.rounds_to_decide(challenger.candidate, baseline, verdict) if kept.undecided else None
         if more is None:
             return kept

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from autotune.decide import CONFIDENCE, Ledger, t_quantile
+from autotune.decide import CONFIDENCE, TIE_TOLERANCE, Ledger, t_quantile
 from autotune.measure import Measurement
 from autotune.space import Candidate
 
@@ -139,6 +139,16 @@ def test_pairs_that_disagree_more_than_their_batches_say_are_judged_by_their_spr
 def test_nothing_to_win_is_not_a_win_from_the_batches_either() -> None:
     v = _paired([(101.0, 100.0), (99.0, 100.0), (100.5, 100.0)], log_se=0.02).verdict(FAST, BASE)
     assert v is not None and not v.wins and not v.loses and 0.97 < v.ratio < 1.03
+
+
+def test_a_confident_gain_of_a_percent_is_not_worth_a_change() -> None:
+    # 1 % faster in every pair, with batches that say so within 0.1 %: a sure gain, too small to
+    # change what the user runs for.
+    led = _paired([(101.0, 100.0), (101.2, 100.1), (100.9, 99.9)], log_se=0.001)
+    d = led.decide([FAST, BASE], BASE)
+    assert d.verdict is not None and d.verdict.wins and d.verdict.ratio < 1.0 + TIE_TOLERANCE
+    assert d.kept_baseline and not d.undecided
+    assert "not worth a change" in d.reason
 
 
 def test_one_pair_is_not_enough_for_a_verdict_from_batches() -> None:
