@@ -10,7 +10,8 @@ Writes DECISIONS.md and decisions.json to ``benchmarks/results/decisions/`` (``-
 # 1. the user's loop with torch's DataLoader and those settings, EPOCHS epochs (the user's time);
 # 2. the same loop with the drop-in as ``autotune run`` builds it (what is written is its baseline and
 #    is searched around), EPOCHS epochs (the run's time), recording the epoch it settled in and its
-#    decision: a confirmed win (another configuration, with its interval above 1), kept, or undecided;
+#    decision: a confirmed win (another configuration, with its interval above 1), kept, undecided,
+#    or unconfirmed (another configuration, where the baseline could not be measured at all);
 # 3. the oracle: every configuration of ORACLE_WORKERS with torch's DataLoader, two epochs each (the
 #    second timed), and the user's settings likewise: the best fixed configuration's gain;
 # 4. a plain loop over ``result.make_loader``: two epochs, the second timed, against the user's
@@ -138,7 +139,9 @@ def child(workload: str, written: str) -> dict[str, Any]:
     best = min(oracle.values())
     decision = "none"
     if result is not None:
-        decision = ("undecided" if result.undecided else "kept" if result.kept_baseline else "win")
+        decision = ("undecided" if result.undecided else "kept" if result.kept_baseline
+                    # another configuration chosen with no baseline measured to confirm it against
+                    else "unconfirmed" if result.speedup is None else "win")
     return {
         "workload": workload, "written": written, "user_s": user, "tuned_s": tuned,
         "run_ratio": sum(tuned) / sum(user), "settled_in_epoch": settled_in,
@@ -165,6 +168,10 @@ def _one(workload: str, written: str) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+CHANGED = ("win", "unconfirmed")
+"""Decisions that replace the user's settings."""
+
+
 def best_gain(r: dict[str, Any]) -> float:
     """The best fixed configuration measured in the run: the worker grid's, or the returned choice's
     in a plain loop where that was better (a cache, which the grid does not hold)."""
@@ -176,11 +183,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     win_cases = [r for r in ok if best_gain(r) >= WIN]
     none_cases = [r for r in ok if best_gain(r) < NOTHING]
     agree = [r["reported_speedup"] / r["plain_loop_speedup"] for r in ok
-             if r["decision"] == "win" and r["plain_loop_speedup"]]
+             if r["decision"] == "win" and r["reported_speedup"] and r["plain_loop_speedup"]]
     return {
         "runs": len(runs), "failed": len(runs) - len(ok),
         "wins_confirmed": f"{sum(r['decision'] == 'win' for r in win_cases)} of {len(win_cases)}",
-        "changed_with_nothing_to_win": (f"{sum(r['decision'] == 'win' for r in none_cases)}"
+        "changed_with_nothing_to_win": (f"{sum(r['decision'] in CHANGED for r in none_cases)}"
                                         f" of {len(none_cases)}"),
         "median_run_ratio": statistics.median(r["run_ratio"] for r in ok) if ok else None,
         "worst_run_ratio": max((r["run_ratio"] for r in ok), default=None),
@@ -248,16 +255,20 @@ def main(argv: list[str] | None = None) -> int:
     data: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": describe_machine(),
                             "commit": commit, "modes": {}}
     for mode in args.modes.split(","):
-        runs = []
+        runs: list[dict[str, Any]] = []
         with cpu_hog(enabled=mode == "loaded") as hog:
             for _ in range(args.repeats):
                 for workload, written in grid:
                     runs.append(_one(workload, written))
                     print(mode, workload, written, runs[-1].get("decision", "error"), flush=True)
-        data["modes"][mode] = {"runs": runs, "summary": summarize(runs), "hog": hog,
-                               "load_average": load_average()}
-    (folder / "decisions.json").write_text(json.dumps(data, indent=1))
-    write_markdown(data, folder / "DECISIONS.md")
+                    # Written after every run: a run stopped part-way leaves what it measured.
+                    data["modes"][mode] = {"runs": runs, "summary": summarize(runs), "hog": hog,
+                                           "load_average": load_average()}
+                    (folder / "decisions.json").write_text(json.dumps(data, indent=1))
+                    write_markdown(data, folder / "DECISIONS.md")
+        data["modes"][mode]["hog"] = hog  # with what the hog did, now that it stopped
+        (folder / "decisions.json").write_text(json.dumps(data, indent=1))
+        write_markdown(data, folder / "DECISIONS.md")
     print(f"wrote {folder / 'DECISIONS.md'}")
     return 0
 
