@@ -169,8 +169,8 @@ def _gather(data: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
     On the CPU through NumPy, on one thread: torch hands a gather of more than a few ten thousand
     elements to its OpenMP threads, and in a loop whose step leaves them asleep (a sleeping or
-    synchronising step), waking them costs 2-5 ms a batch where the copy takes a tenth of that
-    (``stores.copy_into`` says more). Torch where NumPy cannot (bfloat16) and off the CPU.
+    synchronising step), waking them costs more than the copy itself (``stores.copy_into`` says
+    more). Torch where NumPy cannot (bfloat16) and off the CPU.
     """
     out = None if get_worker_info() is None or data.device.type != "cpu" else (
         _empty_batch(data, (len(index), *data.shape[1:])))
