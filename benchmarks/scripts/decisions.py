@@ -232,6 +232,11 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _save(data: dict[str, Any], folder: Path) -> None:
+    (folder / "decisions.json").write_text(json.dumps(data, indent=1))
+    write_markdown(data, folder / "DECISIONS.md")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "WRITTEN"), help=argparse.SUPPRESS)
@@ -264,11 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                     # Written after every run: a run stopped part-way leaves what it measured.
                     data["modes"][mode] = {"runs": runs, "summary": summarize(runs), "hog": hog,
                                            "load_average": load_average()}
-                    (folder / "decisions.json").write_text(json.dumps(data, indent=1))
-                    write_markdown(data, folder / "DECISIONS.md")
-        data["modes"][mode]["hog"] = hog  # with what the hog did, now that it stopped
-        (folder / "decisions.json").write_text(json.dumps(data, indent=1))
-        write_markdown(data, folder / "DECISIONS.md")
+                    _save(data, folder)
+        _save(data, folder)  # with what the hog did, filled in when it stopped
     print(f"wrote {folder / 'DECISIONS.md'}")
     return 0
 
