@@ -25,6 +25,19 @@
 # the sealed one's. Should the sealed stretch fail while it drains, or the epoch end, the started
 # stretch is closed first (unrecorded), so that each gives back its items in the feed's order.
 #
+# NOTE [ Continuing a stretch ]
+# A stretch of the same candidate as the one before it (the baseline measured, then served on; two
+# rounds of the finals meeting at the baseline) serves on the same inner loader, as torch's one
+# iterator per epoch would: no new workers start, and the queue they keep stays full across the
+# boundary. Starting new ones cost a short epoch a tenth of its time (16 workers on 2 CPUs: a third),
+# where the user's own loader pays that once an epoch. A sealed stretch hands its inner loader to the
+# next one when the next is chosen; one that ran to its limit keeps its workers (they hold nothing it
+# took) until the next stretch is known, and stops them if that one is another candidate. The inner
+# loader's sampler stops at each stretch's limit and goes on when the next raises it
+# (``FeedSampler``); the tasks its workers went without meanwhile are sent then
+# (``supervise.resume_sampling``). A measured stretch at the epoch's end seals too: the items its
+# workers hold are served, not given back and loaded again.
+#
 # NOTE [ Bursts ]
 # Worker processes started together finish their batches together: batches arrive in bursts, one per
 # worker, with a gap while the next round is loaded. A short window that opens in a gap and closes at
@@ -112,6 +125,7 @@ from .supervise import (
     CHILD_SIGNAL,
     process_memory,
     ready_batches,
+    resume_sampling,
     start_iterator,
     stop_iterator,
     worker_pids,
@@ -296,6 +310,12 @@ class Stretch:
         self.whole = whole
         self.private = private
         """Never the loader's held (persistent) inner loader: another iterator may be using it."""
+        self.offset = 0
+        """Items of the inner loader's sampler served before this stretch (one it continues on)."""
+        self.handed_over = False
+        """Its inner loader serves on in the next stretch: closing stops nothing, gives nothing back."""
+        self.adopted_from: Stretch | None = None
+        """The stretch whose inner loader it continues on, until it takes over."""
         self.served = 0
         self.raised = 0
         """Items whose loading raised the user's error (handed to the caller as that error)."""
@@ -349,6 +369,38 @@ class Stretch:
             if self.baseline:
                 raise
             self.fail(err)
+
+    def continues(self, prev: Stretch) -> bool:
+        """Whether this stretch can serve on ``prev``'s inner loader (NOTE [ Continuing a stretch ]):
+        the same candidate, worker processes or threads in order, nothing of ``prev`` lost."""
+        c = prev.candidate
+        return (self.candidate == c and prev.it is not None and not prev.held and prev.failure is None
+                and prev.limit is not None and prev.sampler is not None and self.feed is prev.feed
+                and c.num_workers > 0 and c.in_order and not self.private
+                and getattr(prev.it, "_in_order", True) is not False)
+
+    def adopt(self, prev: Stretch) -> None:
+        """Serve on ``prev``'s inner loader after ``prev``'s last item: its workers keep their queue
+        full across the boundary instead of new ones starting (NOTE [ Continuing a stretch ])."""
+        assert prev.limit is not None and prev.sampler is not None
+        self.started_at = time.perf_counter()
+        self._signals.enter_context(CHILD_SIGNAL.installed(defer_outside_fetch=True))
+        self.inner, self.sampler, self.held, self.prepared, self.it = (
+            prev.inner, prev.sampler, prev.held, prev.prepared, prev.it)
+        self.offset = prev.offset + prev.limit
+        self.sampler.limit = None if self.limit is None else self.offset + self.limit
+        prev.handed_over = True
+        self.adopted_from = prev
+        resume_sampling(self.it)
+
+    def disown(self) -> None:
+        """Give the inner loader back to the stretch it was adopted from (this one will not serve):
+        that stretch stops it and gives back everything it took, in the feed's order."""
+        prev, self.adopted_from = self.adopted_from, None
+        if prev is not None and prev.sampler is not None and prev.limit is not None:
+            prev.handed_over = False
+            prev.sampler.limit = prev.offset + prev.limit
+        self.it = self.sampler = None
 
     def fail(self, err: BaseException) -> None:
         self.failure = Failure.of(err)
@@ -404,14 +456,18 @@ class Stretch:
 
     def _seal(self) -> bool:
         """Take no more items and serve the ones taken (NOTE [ Epochs and stretches ], hiding
-        start-up); ``False`` where there is nothing to serve or the next stretch could not start."""
+        start-up; at the epoch's end, the items its workers hold are served rather than loaded
+        again); ``False`` where there is nothing to serve or the next stretch could not start."""
         sampler, feed = self.sampler, self.feed
-        if (not HIDE_STARTUP or sampler is None or feed is None or self.held
-                or not self.candidate.num_workers or not self.candidate.in_order or not feed.has_more()):
+        if (sampler is None or feed is None or self.held
+                or not self.candidate.num_workers or not self.candidate.in_order):
             return False
-        if len(sampler.taken) <= self.served + self.raised:
+        if not feed.exhausted() and not (HIDE_STARTUP and feed.has_more()):
             return False
-        sampler.limit = self.limit = len(sampler.taken)
+        if len(sampler.taken) <= self.offset + self.served + self.raised:
+            return False
+        sampler.limit = len(sampler.taken)
+        self.limit = sampler.limit - self.offset
         self.sealed = True
         return True
 
@@ -419,6 +475,7 @@ class Stretch:
         """A stretch started ahead of its turn begins serving: its start-up is what the loop waits
         from now to its first item, and its wall time counts from now."""
         self.started_at = time.perf_counter()
+        self.adopted_from = None
 
     def _measured_enough(self, now: float) -> bool:
         if self.line.rate_below(self.abandon_below, now):
@@ -437,13 +494,35 @@ class Stretch:
             return 0.0
         return float(self.prepared.build_s)
 
-    def close(self) -> None:
-        """Stop the inner iterator (a held, persistent one stays), give back what was not served."""
+    def close(self, *, keep: bool = False) -> None:
+        """Stop the inner iterator (a held, persistent one stays, as does one handed over to the next
+        stretch), give back what was not served; ``keep``: leave it running for now (``release``)."""
         t0 = time.perf_counter()
+        if self.adopted_from is not None:
+            self.disown()  # closed before taking over: the stretch it came from has it still
         if self.phase is not None and self.measurement is None and self.failure is None:
             self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it))
+        if keep or self.handed_over:
+            self.done = True
+            if self.handed_over:
+                self.it = None
+                self._signals.close()
+            self.close_s = time.perf_counter() - t0
+            return
+        self.release()
+        self.close_s = time.perf_counter() - t0
+
+    def keepable(self) -> bool:
+        """Whether, run to its limit, it may keep its workers until the next stretch is known: they
+        hold nothing it took (every item it took was handed out)."""
         left = self._not_handed_out()
-        if self.it is not None and not self.held:
+        return (self.it is not None and not self.held and self.failure is None and self.limit is not None
+                and self.candidate.num_workers > 0 and left is not None and not left)
+
+    def release(self) -> None:
+        """Stop the inner iterator (unless held or handed over) and give back what was not served."""
+        left = None if self.handed_over else self._not_handed_out()
+        if self.it is not None and not self.held and not self.handed_over:
             stop_iterator(self.it)  # and what its workers left in /dev/shm
         if left is not None:
             assert self.feed is not None and self.sampler is not None
@@ -452,7 +531,6 @@ class Stretch:
         self.it = None
         self.done = True
         self._signals.close()
-        self.close_s = time.perf_counter() - t0
 
     def _not_handed_out(self) -> list[Any] | None:
         """The items the inner loader took from the feed and never handed out (``None``: not known)."""
@@ -465,7 +543,7 @@ class Stretch:
             taken = sampler.taken
             return [taken[k] for k in sorted(it._task_info) if k < len(taken)] + taken[it._send_idx:]
         if self.candidate.in_order:
-            return sampler.taken[self.served + self.raised:]
+            return sampler.taken[self.offset + self.served + self.raised:]
         return None
 
     def outcome(self) -> Outcome | None:
@@ -667,6 +745,9 @@ class EpochIterator:
         self._fallback: Any = None
         self._next: Stretch | None = None
         """The stretch started while a sealed one serves its backlog (NOTE [ Epochs and stretches ])."""
+        self._kept: Stretch | None = None
+        """A stretch that ran to its limit, its workers kept until the next is known (NOTE
+        [ Continuing a stretch ])."""
         self._serving.live.add(self)
         if self._serving.eager_start:  # torch starts its workers in iter() for the user's settings
             stretch = self._open()
@@ -706,6 +787,12 @@ class EpochIterator:
             stretch = self._driver.fallback(None if limit is _TO_THE_END else limit)
         else:
             stretch = self._driver.next_stretch()
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            if stretch is not None and stretch.continues(kept):
+                stretch.adopt(kept)
+                stretch.take_over()
+            kept.release()  # stops its workers unless ``stretch`` serves on them
         self._stretch = stretch
         return stretch
 
@@ -713,10 +800,16 @@ class EpochIterator:
         """``sealed`` has its measurement: record it and start the stretch after it now."""
         sealed.recorded = True
         self._driver.record(sealed)
+        feed = self._driver.feed
+        if feed is not None and feed.exhausted():
+            return  # it holds the epoch's last items: no stretch comes after it
         nxt = self._driver.next_stretch()
         if nxt is None:
             return
         self._next = nxt
+        if nxt.continues(sealed):  # the same candidate: its workers serve on (no start-up to hide)
+            nxt.adopt(sealed)
+            return
         self._driver.tuning.started_ahead += 1
         log.debug("autotune: %s starts while %s serves its last %d items", nxt.candidate.label(),
                   sealed.candidate.label(), sealed.remaining() or 0)
@@ -756,7 +849,7 @@ class EpochIterator:
             try:
                 item = stretch.next()
             except StopIteration:
-                self._close_stretch()
+                self._close_stretch(keep=self._next is None and not stretch.exhausted and stretch.keepable())
                 if self._next is not None:
                     continue  # the stretch started ahead takes over (``_open``)
                 feed = self._driver.feed
@@ -775,12 +868,17 @@ class EpochIterator:
                 self._driver.tuning.observe(item)
             return item
 
-    def _close_stretch(self) -> None:
+    def _close_stretch(self, *, keep: bool = False) -> None:
+        """Close the current stretch and record it; ``keep``: its workers wait for the next stretch,
+        which may serve on them (NOTE [ Continuing a stretch ])."""
         stretch, self._stretch = self._stretch, None
         if stretch is not None:
+            self._release_kept()
             if stretch.it is not None:
                 self._last_it = stretch.it
-            stretch.close()
+            stretch.close(keep=keep)
+            if keep:
+                self._kept = stretch
             if not stretch.recorded:
                 stretch.recorded = True
                 self._driver.record(stretch)
@@ -794,7 +892,13 @@ class EpochIterator:
             self._drop_next()
             self._close_stretch()
         finally:
+            self._release_kept()
             self._driver.end(complete)
+
+    def _release_kept(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.release()
 
     def finish(self) -> None:
         """End an epoch whose every item was handed out but whose end was never asked for.

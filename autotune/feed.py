@@ -48,6 +48,11 @@ class Feed:
         return bool(self._back) or (not self._ended and self._length is not None
                                     and self._pulled < self._length)
 
+    def exhausted(self) -> bool:
+        """Whether every item the sampler's length promises was taken and none given back (the
+        sampler may still yield more past its length: :meth:`drained` tells)."""
+        return not self._back and (self._ended or (self._length is not None and self._pulled >= self._length))
+
     def give_back(self, items: list[Any]) -> None:
         self._back.extendleft(reversed(items))
 
@@ -81,6 +86,8 @@ class FeedSampler(tud.Sampler[Any]):
     """An inner loader's sampler: up to ``limit`` items of the feed, each recorded as taken.
 
     A persistent inner loader keeps its sampler across epochs: each epoch points ``feed`` at its own.
+    Its iterator stops at ``limit`` and goes on where the limit is raised later (a stretch that
+    continues on the same inner loader: NOTE [ Continuing a stretch ] in epochs.py).
     """
 
     def __init__(self, feed: Feed | None, limit: int | None = None) -> None:
@@ -89,18 +96,30 @@ class FeedSampler(tud.Sampler[Any]):
         self.taken: list[Any] = []
 
     def __iter__(self) -> Iterator[Any]:
-        taken: list[Any] = []
-        self.taken = taken
-        feed = self.feed
-        while feed is not None and (self.limit is None or len(taken) < self.limit):
-            try:
-                item = feed.take()
-            except StopIteration:
-                return
-            taken.append(item)
-            yield item
+        self.taken = []
+        return _Taking(self)
 
     def __len__(self) -> int:
         if self.limit is None:
             raise TypeError("a stretch of an epoch has no length of its own")
         return self.limit
+
+
+class _Taking:
+    """One pass of a :class:`FeedSampler`: each ``next()`` takes an item from the feed while the
+    sampler is under its limit. Not a generator: one that stopped at the limit resumes once the limit
+    is raised, where a generator would have ended for good."""
+
+    def __init__(self, sampler: FeedSampler) -> None:
+        self._sampler = sampler
+
+    def __iter__(self) -> _Taking:
+        return self
+
+    def __next__(self) -> Any:
+        s = self._sampler
+        if s.feed is None or (s.limit is not None and len(s.taken) >= s.limit):
+            raise StopIteration
+        item = s.feed.take()  # StopIteration at the epoch's end
+        s.taken.append(item)
+        return item

@@ -431,6 +431,27 @@ def ready_batches(it: Any) -> int | None:
     return None
 
 
+def resume_sampling(it: Any) -> None:
+    """Send an in-order iterator's workers what its sampler has again, up to the prefetch it keeps.
+
+    An iterator whose sampler ran out stops sending work, and each batch it hands out after that
+    leaves its workers one task short; once the sampler has items again (a stretch continues on it:
+    NOTE [ Continuing a stretch ] in epochs.py), this tops the tasks back up. Torch's invariant holds:
+    the batches sent and not handed out (``_task_info``) stay under workers x prefetch, so the send
+    each hand-out makes still finds room.
+    """
+    if hasattr(it, "_try_put_index") and hasattr(it, "_task_info"):  # torch's worker processes
+        room = it._prefetch_factor * it._num_workers
+        while len(it._task_info) < room and not it._shutdown:
+            sent = it._send_idx
+            it._try_put_index()
+            if it._send_idx == sent:  # the sampler has nothing more
+                return
+    elif hasattr(it, "_dispatch") and hasattr(it, "_sampler_done"):  # thread workers (threads.py)
+        it._sampler_done = False
+        it._dispatch()
+
+
 def remove_orphan_segments(pids: set[int]) -> list[str]:
     """Unlink the shared-memory segments that dead workers created and never got to unlink.
 

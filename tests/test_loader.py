@@ -529,6 +529,73 @@ def test_leaving_the_loop_while_a_stretch_starts_ahead_leaves_nothing_behind(no_
     assert got == run(torch_loader, lambda first: len(first) >= len(got[0]))
 
 
+class Whose(Remote):
+    """Each sample says which process loaded it: its index, then the loading process's pid."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        time.sleep(self.delay_s)
+        return torch.tensor([float(i), float(os.getpid())]), i % 10
+
+
+def _in_stretches(monkeypatch: Any, size: int, *, measured: bool) -> None:
+    """Every epoch of a drop-in loader is served by its baseline in stretches of ``size`` items
+    (measured ones seal once they have a window): one stretch boundary after another."""
+    from autotune import epochs
+
+    class InStretches(epochs.Driver):
+        def next_stretch(self) -> Any:
+            if self.feed is None or not self.feed.has_more():
+                return None
+            return self._stretch(self.tuning.baseline, "online" if measured else None, size,
+                                 window_s=0.0)
+
+    start = epochs.start_epoch
+
+    def start_epoch(serving: Any, settings: Any, fresh: bool) -> Any:
+        driver = start(serving, settings, fresh)
+        return InStretches(serving, settings, driver.feed)
+
+    monkeypatch.setattr(epochs, "start_epoch", start_epoch)
+
+
+@pytest.mark.parametrize("measured", [False, True], ids=["run-to-limit", "sealed"])
+def test_stretches_of_the_same_settings_serve_on_the_same_workers(
+        monkeypatch: Any, no_leaked_children: None, measured: bool) -> None:
+    # One stretch after another of the user's own settings: the workers that served the first serve
+    # the rest of the epoch (torch's loader starts its workers once per epoch, and so does this one),
+    # and the epoch is torch's, item for item, also after the loop leaves one early.
+    _in_stretches(monkeypatch, 12, measured=measured)
+    from autotune import epochs
+
+    starts: list[int] = []
+    start_iterator = epochs.start_iterator
+    monkeypatch.setattr(epochs, "start_iterator", lambda inner: starts.append(1) or start_iterator(inner))
+    kw = {"batch_size": 4, "shuffle": True, "num_workers": 2}
+
+    def run(loader: Any) -> list[tuple[list[int], set[int]]]:
+        out = []
+        for stop in (30, None):  # leave the first epoch early, in the middle of a stretch
+            items: list[int] = []
+            pids: set[int] = set()
+            for n, (x, _) in enumerate(loader):
+                items.extend(int(v) for v in x[:, 0])
+                pids.update(int(v) for v in x[:, 1])
+                time.sleep(0.002)
+                if n + 1 == stop:
+                    break
+            out.append((items, pids))
+        return out
+
+    with DataLoader(Whose(400, delay_s=0.001), generator=torch.Generator().manual_seed(5), cache=False,
+                    pretransform="none", **kw) as loader:
+        got = run(loader)
+    expected = run(torch.utils.data.DataLoader(Whose(400, delay_s=0.0),
+                                               generator=torch.Generator().manual_seed(5), **kw))
+    assert [items for items, _ in got] == [items for items, _ in expected]
+    assert [len(pids) for _, pids in got] == [2, 2]  # one pair of workers an epoch, as torch's
+    assert len(starts) == 2  # and one start an epoch, over 100 items in stretches of 12
+
+
 class Computes(Remote):
     """Loading that computes: every read keeps the CPU busy for ``delay_s``."""
 
