@@ -275,7 +275,7 @@ class Timeline:
             batches=len(waits),
             samples=samples,
             window_s=wall,
-            peak_memory_bytes=process_memory(children=workers),
+            peak_memory_bytes=process_memory(children=workers, alike=True),
             build_s=build_s,
             log_se=window_log_se(self.received[k], self.received[k + 1:stop + 1],
                                  self.counts[k + 1:stop + 1], self.workers),

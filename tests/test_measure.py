@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 import weakref
 
 import pytest
@@ -131,6 +132,20 @@ def test_the_memory_guard_stops_a_growing_process(no_leaked_children) -> None:
     limits = MeasureLimits(window_s=30, min_batches=3, max_batches=10_000, memory_limit_bytes=limit)
     with pytest.raises(MemoryLimitExceeded, match="over the memory budget"):
         measure(Hog(), Candidate(4), limits=limits)
+
+
+def test_alike_workers_are_counted_from_one_read(no_leaked_children) -> None:
+    # A loader's workers are alike: the figure read from two of them and counted for each stays
+    # within what reading every one gives (each worker's pages are its own and the ones it shares).
+    with warnings.catch_warnings():  # torch's warning about more workers than CPUs
+        warnings.simplefilter("ignore")
+        it = iter(torch.utils.data.DataLoader(Sleepy(64, delay_s=0.0), batch_size=4, num_workers=3))
+    next(it)
+    pids = {int(w.pid) for w in it._workers}
+    every, alike = process_memory(children=pids), process_memory(children=pids, alike=True)
+    del it
+    mine = process_memory(children=set())
+    assert mine < alike and 0.8 * (every - mine) < alike - mine < 1.25 * (every - mine)
 
 
 def test_torch_threads_are_restored() -> None:
