@@ -16,6 +16,10 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 #    (CPU_BOUND_LOAD: such a dataset only competes past one worker per core, NOTE [ Worker bound ]
 #    in space.py), with their neighbours, then a cache where its build can still pay for itself
 #    over the run, then the torch thread counts around the best so far: at most MAX_CANDIDATES.
+#    A ram cache already filled (from the first epoch's loading) goes first: read in the main
+#    process it starts no workers, so a few batches tell, and it removes the per-sample work that
+#    no worker count removes; on short epochs, where every stretch of workers pays their start-up,
+#    it is what can win before the run ends.
 #    A candidate below decide.PRUNE_RATIO of the best throughput so far is abandoned after a few
 #    batches.
 # 4. Exploring is an investment with a bound: every stretch's cost is its wall time minus what the
@@ -184,6 +188,11 @@ class Explorer:
         if self.phase == "baseline":
             return self.baseline, "baseline"
         if self.phase == "online":
+            if not self.caches_tried and self.cache_ready and self.ledger.dataset_len:
+                # A filled cache first (NOTE 3): it starts no workers, so trying it costs a few batches,
+                # and it removes the per-sample work no worker count removes.
+                self.caches_tried = True
+                self.queue[:0] = [c for c in self._caches() if c not in self.queue]
             self._fill_queue()
             while self.queue and not self.allowed(self.queue[0]):
                 self.queue.pop(0)

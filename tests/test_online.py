@@ -426,3 +426,18 @@ def test_a_cache_in_shared_memory_is_also_read_by_a_worker_process_per_cpu() -> 
     # thread read it.
     gathered = cached(cpus=2, shared_cache=True, gathered_cache=True)
     assert [(c.num_workers, c.worker_kind) for c in gathered] == [(0, "process"), (1, "thread")]
+
+
+def test_a_filled_cache_is_tried_before_any_worker_count() -> None:
+    # A ram cache filled by the first epoch's loading starts no workers and removes the per-sample
+    # work: it is the first thing tried after the baseline, ahead of the estimated worker counts.
+    space = replace(SPACE, pretransforms=("none", "ram"))
+    ex, served = run(space, steady({"base": 100.0, "process": 300.0, "thread": 250.0}))
+    first = served[1]
+    assert served[0] == BASE and first.pretransform == "ram" and first.num_workers == 0, served
+    # Still filling, it waits its turn: the worker counts come first.
+    ex = Explorer(space, BASE, Ledger(50_000, 10), cache_ready=False)
+    ex.next()
+    ex.record(Outcome(BASE, "baseline", measurement(100.0, 0.75), samples=SAMPLES, wall_s=32.0))
+    c, _ = ex.next() or (None, None)
+    assert c is not None and c.pretransform == "none" and c.num_workers > 0, c
