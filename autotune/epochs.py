@@ -502,14 +502,10 @@ class Stretch:
             self.disown()  # closed before taking over: the stretch it came from has it still
         if self.phase is not None and self.measurement is None and self.failure is None:
             self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it))
-        if keep or self.handed_over:
+        if keep:
             self.done = True
-            if self.handed_over:
-                self.it = None
-                self._signals.close()
-            self.close_s = time.perf_counter() - t0
-            return
-        self.release()
+        else:
+            self.release()
         self.close_s = time.perf_counter() - t0
 
     def keepable(self) -> bool:

@@ -188,11 +188,6 @@ class Explorer:
         if self.phase == "baseline":
             return self.baseline, "baseline"
         if self.phase == "online":
-            if not self.caches_tried and self.cache_ready and self.ledger.dataset_len:
-                # A filled cache first (NOTE 3): it starts no workers, so trying it costs a few batches,
-                # and it removes the per-sample work no worker count removes.
-                self.caches_tried = True
-                self.queue[:0] = [c for c in self._caches() if c not in self.queue]
             self._fill_queue()
             while self.queue and not self.allowed(self.queue[0]):
                 self.queue.pop(0)
@@ -310,14 +305,16 @@ class Explorer:
         return self.ledger.epochs * n / base[0].measurement.samples_per_s
 
     def _fill_queue(self) -> None:
+        if not self.caches_tried and self.cache_ready:
+            # A filled cache first (NOTE 3): it starts no workers, so trying it costs a few batches,
+            # and it removes the per-sample work no worker count removes.
+            self.caches_tried = True
+            self.queue[:0] = [c for c in self._caches() if c not in self.queue]
         if self.queue:
             return
         if not self.neighbours_tried:
             self.neighbours_tried = True
             self.queue.extend(self._neighbours())
-        if not self.queue and not self.caches_tried and self.cache_ready:
-            self.caches_tried = True
-            self.queue.extend(self._caches())
         if not self.queue and not self.threads_tried:
             self.threads_tried = True
             best = self.ledger.pick(self.ledger.by_candidate)
