@@ -455,9 +455,8 @@ def resume_sampling(it: Any) -> None:
             it._try_put_index()
             if it._send_idx == sent:  # the sampler has nothing more
                 return
-    elif hasattr(it, "_dispatch") and hasattr(it, "_sampler_done"):  # thread workers (threads.py)
-        it._sampler_done = False
-        it._dispatch()
+    elif hasattr(it, "resume"):  # thread workers (threads.py)
+        it.resume()
 
 
 def remove_orphan_segments(pids: set[int]) -> list[str]:

@@ -275,6 +275,12 @@ class _ThreadLoaderIter:
             self.close()
             raise
 
+    def resume(self) -> None:
+        """Send the threads what the sampler has again after it ran out (NOTE [ Continuing a
+        stretch ] in epochs.py), up to the batches in flight it keeps."""
+        self._sampler_done = False
+        self._dispatch()
+
     def _dispatch(self) -> None:
         while not self._sampler_done and self._in_flight < self._max_in_flight:
             try:

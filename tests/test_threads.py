@@ -334,3 +334,28 @@ def test_thread_workers_that_vanish_fail_the_candidate() -> None:
     mapped = map_loader_error(RuntimeError("DataLoader thread workers exited unexpectedly with batches"
                                            " still to load"))
     assert isinstance(mapped, WorkerFailed) and "thread workers exited" in str(mapped)
+
+
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_an_iterator_whose_sampler_ran_out_resumes_when_it_has_more(kind: str) -> None:
+    # A stretch that continues on the same inner loader (NOTE [ Continuing a stretch ]): its sampler
+    # stops at a limit, the iterator serves what it sent, and once the limit is raised the workers
+    # get work again and serve the rest in order.
+    from autotune.feed import Feed, FeedSampler
+    from autotune.supervise import resume_sampling, stop_iterator
+
+    sampler = FeedSampler(Feed(iter([[i, i + 1] for i in range(0, 20, 2)]), 10), limit=3)
+    ds = torch.arange(20)
+    if kind == "threads":
+        loader: Any = ThreadDataLoader(ds, batch_sampler=sampler, worker_threads=2)
+    else:
+        loader = DataLoader(ds, batch_sampler=sampler, num_workers=2)
+    it = iter(loader)
+    try:
+        got = [next(it).tolist() for _ in range(3)]
+        sampler.limit = 10
+        resume_sampling(it)
+        got += [next(it).tolist() for _ in range(7)]
+    finally:
+        stop_iterator(it)
+    assert got == [[i, i + 1] for i in range(0, 20, 2)]
