@@ -95,11 +95,15 @@ def _first_sample(dataset: Any, length: int | None) -> Any:
 
 
 def _transform_repr(dataset: Any) -> str | None:
-    # Wrappers such as Subset keep the transform on the dataset they wrap.
+    # Wrappers such as Subset keep the transform on the dataset they wrap; a ConcatDataset on each
+    # of the datasets it joins.
     for _ in range(MAX_DEPTH):
         transform = getattr(dataset, "transform", None)
         if transform is not None:
             return strip_addresses(repr(transform))
+        joined = getattr(dataset, "datasets", None)
+        if isinstance(joined, (list, tuple)) and joined:
+            return " + ".join(dict.fromkeys(t for t in map(_transform_repr, joined) if t)) or None
         dataset = getattr(dataset, "dataset", None)
         if dataset is None:
             break

@@ -728,23 +728,29 @@ def _png_folder(root: Any, n: int = 96) -> str:
     return str(root)
 
 
-def _folder_epochs(make: Any, root: str, n_epochs: int) -> tuple[Any, list[list[torch.Tensor]]]:
+def _folder_epochs(make: Any, root: str, n_epochs: int, joined: bool = False
+                   ) -> tuple[Any, list[list[torch.Tensor]]]:
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
 
     transform = T.Compose([T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))])
-    loader = make(ImageFolder(root, transform=transform), batch_size=8, shuffle=True, num_workers=2,
+    folder = ImageFolder(root, transform=transform)
+    dataset = torch.utils.data.ConcatDataset([folder] * 3) if joined else folder
+    loader = make(dataset, batch_size=8, shuffle=True, num_workers=2,
                   generator=torch.Generator().manual_seed(1))
     return loader, [[torch.cat([x.flatten(1), y[:, None].float()], 1) for x, y in loader]
                     for _ in range(n_epochs)]
 
 
-def test_written_workers_over_torchvision_s_folder_fill_the_cache_as_they_serve(tmp_path: Any) -> None:
+@pytest.mark.parametrize("joined", [False, True], ids=["folder", "folder-joined-thrice"])
+def test_written_workers_over_torchvision_s_folder_fill_the_cache_as_they_serve(
+        tmp_path: Any, joined: bool) -> None:
     # num_workers=2 written: the user's workers read the samples, so the ram cache fills in them
-    # (torchvision's own folder reads alike in any process, so the cache may be planned here).
+    # (torchvision's own folder reads alike in any process, so the cache may be planned here; so
+    # does torch's ConcatDataset of it, as scripts repeat a short dataset).
     root = _png_folder(tmp_path / "images")
-    _, expected = _folder_epochs(torch.utils.data.DataLoader, root, 2)
-    loader, got = _folder_epochs(DataLoader, root, 2)
+    _, expected = _folder_epochs(torch.utils.data.DataLoader, root, 2, joined)
+    loader, got = _folder_epochs(DataLoader, root, 2, joined)
     assert len(got) == len(expected) == 2
     for a, b in zip(got, expected, strict=True):
         assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))

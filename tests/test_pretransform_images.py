@@ -419,6 +419,60 @@ def test_files_changing_under_the_cache_make_it_stale(tmp_path: Path) -> None:
     assert prepared.stale_reason() == "the dataset changed (length: 24 -> 25)"
 
 
+def _joined_folders(tmp_path: Path, transforms: list[Any]) -> Any:
+    """Two folders joined as A, B, A (a dataset repeated, as scripts lengthen short epochs)."""
+    from torch.utils.data import ConcatDataset
+
+    a = ImageFolder(str(write_mixed_folder(tmp_path / "a", n=12)), transform=transforms[0])
+    b = ImageFolder(str(write_mixed_folder(tmp_path / "b", n=10)), transform=transforms[-1])
+    return ConcatDataset([a, b, a])
+
+
+def test_folders_joined_with_one_transform_are_cached_exactly(tmp_path: Path) -> None:
+    shared = T.Compose([T.Resize(32), T.CenterCrop(32), T.ToTensor(), T.Normalize(MEAN, STD),
+                        T.RandomHorizontalFlip()])
+    ds = _joined_folders(tmp_path, [shared])
+    assert pt.strategies(ds, cuda=False)["ram"] is None
+    assert pt.reads_alike_anywhere(ds)  # torch's ConcatDataset over torchvision's folders
+    prepared = pt.prepare(ds, "ram", device=CPU)
+    # The shared pipeline is split as one folder's is: the fixed steps cached, the flip per sample.
+    assert prepared.detail.endswith("per sample: RandomHorizontalFlip")
+    assert all(map(same, seeded(prepared.dataset, range(len(ds))), seeded(ds, range(len(ds)))))
+    got = loader_batches(prepared.dataset, prepared.collate_fn, n=4)
+    assert all(map(same, got, loader_batches(ds, n=4)))
+
+
+def test_joined_folders_changing_under_the_cache_make_it_stale(tmp_path: Path) -> None:
+    shared = T.Compose([T.Resize(20), T.CenterCrop(20), T.ToTensor()])
+    ds = _joined_folders(tmp_path, [shared])
+    prepared = pt.prepare(ds, "ram", device=CPU)
+    path = Path(ds.datasets[1].samples[3][0])  # a file of the second folder only
+    Image.new("RGB", (50, 50), (1, 2, 3)).save(path)
+    assert prepared.stale_reason() == f"the files changed ({path})"
+    ds = _joined_folders(tmp_path / "again", [shared])
+    prepared = pt.prepare(ds, "ram", device=CPU)
+    shared.transforms[0].size = 24  # the shared Resize, frozen in the cache
+    assert "step 0 (Resize) changed (size: 20 -> 24)" in (prepared.stale_reason() or "")
+    shared.transforms[0].size = 20
+    assert prepared.stale_reason() is None
+    ds.datasets[0].transform = T.Compose([T.Resize(20), T.CenterCrop(20), T.ToTensor()])  # one part's
+    assert "the transform changed" in (prepared.stale_reason() or "")
+
+
+def test_joined_folders_with_their_own_transforms_cache_only_what_is_fixed(tmp_path: Path) -> None:
+    fixed = [T.Compose([T.Resize(20), T.CenterCrop(20), T.ToTensor()]),
+             T.Compose([T.Resize(16), T.CenterCrop(16), T.Resize(20), T.ToTensor()])]
+    ds = _joined_folders(tmp_path, fixed)
+    prepared = pt.prepare(ds, "ram", device=CPU)  # deterministic samples: cached whole
+    assert prepared.detail == "cached: whole samples"
+    assert all(map(same, (prepared.dataset[i] for i in range(len(ds))), (ds[i] for i in range(len(ds)))))
+    fixed[1].transforms[0].size = 12  # the second folder's own Resize
+    assert "(Resize) changed (size: 16 -> 12)" in (prepared.stale_reason() or "")
+    random = _joined_folders(tmp_path / "random", [T.RandomResizedCrop(8), T.RandomResizedCrop(8)])
+    reason = pt.strategies(random, cuda=False)["ram"]
+    assert reason is not None and "could not be split" in reason
+
+
 class MostlySquare(Dataset[Any]):
     """Float images whose probed samples (every 4th or so) are 20x20 and the others 21x19."""
 

@@ -776,6 +776,13 @@ def test_fingerprint_sees_the_transform_through_a_subset() -> None:
     assert _key(a) != _key(b)
 
 
+def test_fingerprint_sees_the_transforms_of_the_datasets_joined() -> None:
+    two, three = Toy(transform=Scale(2.0)), Toy(transform=Scale(3.0))
+    joined = torch.utils.data.ConcatDataset([two, three, two])
+    assert workload_fingerprint(joined)["transform"] == "Scale(factor=2.0) + Scale(factor=3.0)"
+    assert _key(joined) != _key(torch.utils.data.ConcatDataset([two, two, two]))
+
+
 WORKLOAD_MODULE = """
 import torch
 from torch.utils.data import Dataset

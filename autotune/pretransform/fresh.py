@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import ConcatDataset
 
 SMALL_VALUE_BYTES = 1 << 16
 """Tensors and arrays up to this size are compared by value; larger ones by identity and a sample."""
@@ -506,9 +507,23 @@ def step_parts(label: str, step: Any) -> list[Part]:
     return [part(label, _attributes(step), named=reads.names), *_code_parts(label, type(step), reads)]
 
 
-def dataset_parts(dataset: Any) -> list[Part]:
+def concatenated(dataset: Any) -> list[Any] | None:
+    """The datasets a torch ``ConcatDataset`` reads, each once, in order; None for any other dataset."""
+    if not isinstance(dataset, ConcatDataset):
+        return None
+    return list({id(d): d for d in dataset.datasets}.values())
+
+
+def dataset_parts(dataset: Any, label: str = "the dataset") -> list[Part]:
     """What the dataset's own ``__getitem__`` reads: its code, the globals it names, the class
-    attributes, and the instance attributes but those its code assigns and ``transform``."""
+    attributes, and the instance attributes but those its code assigns and ``transform``. A
+    ``ConcatDataset``: which datasets it joins, their lengths, and what each of them reads."""
+    if (joined := concatenated(dataset)) is not None:
+        out = [identity_part(f"{label}'s parts", datasets=tuple(dataset.datasets)),
+               value_part(f"{label}'s parts", lengths=tuple(len(d) for d in dataset.datasets))]
+        for k, d in enumerate(joined):
+            out += dataset_parts(d, f"{label} (part {k})")
+        return out
     reads = code_reads(type(dataset), DATASET_CODE)
     if isinstance(dataset, (list, tuple)):
         attrs = {"items": dataset}
@@ -516,8 +531,8 @@ def dataset_parts(dataset: Any) -> list[Part]:
         skip = reads.stored | {"transform", "transforms"}
         attrs = {k: v for k, v in _attributes(dataset).items() if k not in skip}
     return [
-        *_code_parts("the dataset", type(dataset), reads),
-        part("the dataset's attributes", attrs, named=reads.names | {"items"}, skip=reads.stored),
+        *_code_parts(label, type(dataset), reads),
+        part(f"{label}'s attributes", attrs, named=reads.names | {"items"}, skip=reads.stored),
     ]
 
 
@@ -614,7 +629,10 @@ class opened_files:
 
 def listed_paths(dataset: Any) -> list[str]:
     """The files ``dataset`` lists: an ImageFolder's ``samples`` (path, target) pairs, or among its
-    attributes a path, or a list or tuple of paths (strings or ``os.PathLike`` naming files)."""
+    attributes a path, or a list or tuple of paths (strings or ``os.PathLike`` naming files); for a
+    ``ConcatDataset``, those its datasets list."""
+    if (joined := concatenated(dataset)) is not None:
+        return list(dict.fromkeys(p for d in joined for p in listed_paths(d)))
     samples = getattr(dataset, "samples", None)
     if isinstance(samples, list) and samples and isinstance(samples[0], tuple):
         paths = [s[0] for s in samples if isinstance(s[0], str)]

@@ -3,7 +3,8 @@
 - Vision datasets (torchvision's ``VisionDataset``, ``DatasetFolder``/``ImageFolder``, and any dataset
   with a ``transform`` attribute applied to one field): a shallow copy with ``transform=None`` gives
   the sample as the transform would receive it (ImageFolder's default loader: a decoded PIL image,
-  converted to RGB), the target transform still applied.
+  converted to RGB), the target transform still applied. A torch ``ConcatDataset`` of them that share
+  one transform object: the concatenation of those copies.
 - Hugging Face ``datasets.Dataset`` with a transform set by ``set_transform``/``with_transform``: the
   same table in the plain Python format gives each row with its ``Image`` columns decoded, and the
   user's transform runs on the cached rows as the table's formatter would run it.
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .fresh import Part, file_stats, listed_paths, value_part
+from .fresh import Part, concatenated, file_stats, listed_paths, value_part
 
 MIN_DECODE_S = 50e-6
 """A raw read faster than this per sample (an in-memory array made an image) is not worth caching."""
@@ -48,11 +49,36 @@ def transform_steps(transform: Any) -> list[Any]:
     return [transform]
 
 
+def transform_of(dataset: Any) -> Any:
+    """The transform ``dataset`` applies: its ``transform``; for a ``ConcatDataset``, the one transform
+    object all its datasets share, or None where they differ."""
+    joined = concatenated(dataset)
+    if joined is None:
+        return getattr(dataset, "transform", None)
+    found = {id(t): t for t in map(transform_of, joined)}
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
+def transforms_of(dataset: Any) -> list[Any]:
+    """Every transform ``dataset`` applies, each once: one, or one per dataset a ``ConcatDataset``
+    joins (None for a dataset without one)."""
+    joined = concatenated(dataset)
+    if joined is None:
+        return [getattr(dataset, "transform", None)]
+    return list({id(t): t for d in joined for t in transforms_of(d)}.values())
+
+
 def vision_source(dataset: Any) -> Source | None:
-    """A shallow copy of ``dataset`` that returns untransformed samples; None if none can be made."""
-    transform = getattr(dataset, "transform", None)
+    """A shallow copy of ``dataset`` that returns untransformed samples; None if none can be made.
+
+    A ``ConcatDataset`` whose datasets share one transform (the same folder joined several times, a
+    train and a validation folder made with one pipeline): the concatenation of their copies."""
+    transform = transform_of(dataset)
     if transform is None:
         return None
+    joined = concatenated(dataset)
+    if joined is not None:
+        return _joined_source(dataset.datasets, joined, transform)
     try:
         raw = copy.copy(dataset)
         raw.transform = None
@@ -68,6 +94,18 @@ def vision_source(dataset: Any) -> Source | None:
     from torchvision.datasets import DatasetFolder
 
     return Source(raw, transform_steps(transform), isinstance(dataset, DatasetFolder))
+
+
+def _joined_source(datasets: list[Any], joined: list[Any], transform: Any) -> Source | None:
+    from torch.utils.data import ConcatDataset
+
+    made: dict[int, Source] = {}
+    for d in joined:
+        if (source := vision_source(d)) is None:
+            return None
+        made[id(d)] = source
+    raw: ConcatDataset[Any] = ConcatDataset([made[id(d)].raw for d in datasets])
+    return Source(raw, transform_steps(transform), all(s.decodes for s in made.values()))
 
 
 READ_ALIKE_ANYWHERE = ("DatasetFolder", "CIFAR10", "MNIST", "SVHN", "STL10", "FakeData")
@@ -87,6 +125,9 @@ def reads_alike_anywhere(dataset: Any) -> bool:
     import torchvision.datasets as tvd
     from torch.utils.data import TensorDataset
 
+    joined = concatenated(dataset)  # torch's own __getitem__ finds the dataset and reads it there
+    if joined is not None:
+        return all(map(reads_alike_anywhere, joined))
     owner = next((c for c in type(dataset).__mro__ if "__getitem__" in vars(c)), None)
     if owner is TensorDataset:
         return True

@@ -404,7 +404,6 @@ def _make_cache_plan(dataset: Any) -> CachePlan:
             return _table_plan(dataset, indices, n)
         if (unseen := opaque_reason(dataset_parts(dataset), "dataset[i]")) is not None:
             return CachePlan(unseen)
-        transform = getattr(dataset, "transform", None)
         source = sources.vision_source(dataset)
         if source is not None:
             raw = source.raw
@@ -422,7 +421,8 @@ def _make_cache_plan(dataset: Any) -> CachePlan:
         if _deterministic(lambda i: dataset[i], indices):
             probe = tuple(dataset[i] for i in indices)
             plan = CachePlan(None, None, probe=probe, detail="cached: whole samples", length=n)
-            every = sources.transform_steps(transform) if transform is not None else []
+            every = [s for t in sources.transforms_of(dataset) if t is not None
+                     for s in sources.transform_steps(t)]
             plan.frozen = _labelled(every, every)
             frozen_parts = [p for label, step in plan.frozen for p in step_parts(label, step)]
             if (reason := opaque_reason(frozen_parts, "the whole sample's transform")) is not None:
@@ -472,8 +472,9 @@ def fingerprint(dataset: Any, plan: CachePlan) -> tuple[Part, ...]:
     """What ``plan`` freezes of ``dataset``, now (see NOTE [ Fresh caches ])."""
     if plan.table is not None:
         return tuple(sources.table_identity(dataset))
-    transform = getattr(dataset, "transform", None)
-    steps = sources.transform_steps(transform) if transform is not None else []
+    transforms = sources.transforms_of(dataset)
+    steps = [s for t in transforms if t is not None for s in sources.transform_steps(t)]
+    transform = transforms[0] if len(transforms) == 1 else tuple(transforms)
     parts = [identity_part("the transform", transform=transform, steps=tuple(steps))]
     for label, step in plan.frozen:
         parts += step_parts(label, step)
