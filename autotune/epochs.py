@@ -36,7 +36,8 @@
 # loader's sampler stops at each stretch's limit and goes on when the next raises it
 # (``FeedSampler``); the tasks its workers went without meanwhile are sent then
 # (``supervise.resume_sampling``). A measured stretch at the epoch's end seals too: the items its
-# workers hold are served, not given back and loaded again.
+# workers hold are served, not given back and loaded again. Only a stretch with the same batch time
+# limit continues: an explored candidate's loader drops a batch that hangs, the user's settings wait.
 #
 # NOTE [ Bursts ]
 # Worker processes started together finish their batches together: batches arrive in bursts, one per
@@ -353,6 +354,12 @@ class Stretch:
         """What closing it took (its workers' exit): part of what it cost the loop."""
         self._signals = contextlib.ExitStack()
 
+    @property
+    def explored(self) -> bool:
+        """Measured for a candidate other than the user's settings: its inner loader drops a batch
+        that takes longer than the explore limit, where the user's settings would wait."""
+        return self.phase is not None and not self.baseline
+
     def start(self) -> None:
         """Build the inner loader and start it (its workers, its first prefetch)."""
         self.started_at = time.perf_counter()
@@ -375,6 +382,7 @@ class Stretch:
         the same candidate, worker processes or threads in order, nothing of ``prev`` lost."""
         c = prev.candidate
         return (self.candidate == c and prev.it is not None and not prev.held and prev.failure is None
+                and self.explored == prev.explored  # the same batch time limit (the inner's timeout)
                 and prev.limit is not None and prev.sampler is not None and self.feed is prev.feed
                 and c.num_workers > 0 and c.in_order and not self.private
                 and getattr(prev.it, "_in_order", True) is not False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -594,6 +595,42 @@ def test_stretches_of_the_same_settings_serve_on_the_same_workers(
     assert [items for items, _ in got] == [items for items, _ in expected]
     assert [len(pids) for _, pids in got] == [2, 2]  # one pair of workers an epoch, as torch's
     assert len(starts) == 2  # and one start an epoch, over 100 items in stretches of 12
+
+
+def test_an_explored_stretch_hands_no_workers_to_the_same_settings_served(
+        monkeypatch: Any, no_leaked_children: None) -> None:
+    # A candidate explored (its inner loader drops a batch that hangs) and then served (it waits as
+    # the user's loader would): the served stretches start their own workers, with no time limit.
+    from autotune import epochs
+
+    class ExploreThenServe(epochs.Driver):
+        def next_stretch(self) -> Any:
+            if self.feed is None or not self.feed.has_more():
+                return None
+            first, self.seen = not self.seen, True
+            other = dataclasses.replace(self.tuning.baseline, prefetch_factor=3)
+            return self._stretch(other, "online" if first else None, 12, window_s=0.0)
+
+    start = epochs.start_epoch
+
+    def start_epoch(serving: Any, settings: Any, fresh: bool) -> Any:
+        driver = ExploreThenServe(serving, settings, start(serving, settings, fresh).feed)
+        driver.seen = False
+        return driver
+
+    monkeypatch.setattr(epochs, "start_epoch", start_epoch)
+    timeouts: list[float] = []
+    start_iterator = epochs.start_iterator
+    monkeypatch.setattr(epochs, "start_iterator",
+                        lambda inner: timeouts.append(inner.timeout) or start_iterator(inner))
+    kw = {"batch_size": 4, "shuffle": True, "num_workers": 2}
+    with DataLoader(Whose(200, delay_s=0.001), generator=torch.Generator().manual_seed(5), cache=False,
+                    pretransform="none", batch_timeout_s=30.0, **kw) as loader:
+        got = [int(v) for x, _ in loader for v in x[:, 0]]
+    expected = [int(v) for x, _ in torch.utils.data.DataLoader(
+        Whose(200), generator=torch.Generator().manual_seed(5), **kw) for v in x[:, 0]]
+    assert got == expected
+    assert timeouts == [30.0, 0.0]  # explored, then served on workers of its own, waiting
 
 
 class Computes(Remote):
