@@ -436,3 +436,28 @@ def test_repeatability_counts_the_differing_picks_and_judges_them_against_the_fa
     assert "within_noise" not in got["configs"][base.label()]  # the defaults are context, not a pick
     per[a] = [80.0, 81.0, 79.0]  # now clearly slower than b in every round
     assert not repeat.judge(tunings, per)["all_within_noise"]
+
+
+def test_decisions_quick_run_measures_the_folder_workload_as_a_script_writes_it(tmp_path: Path) -> None:
+    # One run of the image folder (PNG files written by the child) with num_workers=2 written: the
+    # user's loop, the drop-in's, the oracle and the plain-loop check all measured and written out.
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/scripts/decisions.py", "--quick", "--workloads", "folder",
+         "--written", "w2", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "decisions.json").read_text())
+    (run,) = data["modes"]["quiet"]["runs"]
+    assert "error" not in run, run.get("error")
+    assert (run["workload"], run["written"]) == ("folder", "w2")
+    assert len(run["user_s"]) == len(run["tuned_s"]) and set(run["oracle_s"]) >= {"w=0", "w=2"}
+    assert "| folder | w2 |" in (tmp_path / "DECISIONS.md").read_text()
+
+
+def test_decisions_refuses_an_unknown_workload_by_name() -> None:
+    from benchmarks.scripts import decisions
+
+    with pytest.raises(SystemExit) as exit_:
+        decisions.main(["--quick", "--workloads", "folder,cifar"])
+    assert exit_.value.code == 2  # argparse's usage error, with the message below on stderr

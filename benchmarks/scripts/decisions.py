@@ -18,6 +18,9 @@ Writes DECISIONS.md and decisions.json to ``benchmarks/results/decisions/`` (``-
 #    settings' second epoch: what the user's own loop gets from the returned choice, to hold the
 #    tuner's reported speed-up against. The best fixed gain is the larger of the oracle's and this
 #    (the worker grid holds no cache).
+# The workloads: storage latency (1 ms a read), CPU-bound reads (0.6 ms), a step-bound loop (a 30 ms
+# step, nothing to win), an ImageFolder of PNG files with a fixed pipeline and a random flip, and rows
+# already in memory (a TensorDataset); each with nothing written and with 2, 4 and 16 workers written.
 # Run quiet and beside one busy core (NOTE [ Loaded mode ] in _common/hog.py), REPEATS times each. Figures
 # are per run; the summary gives counts and medians, never a single time.
 """
@@ -59,20 +62,28 @@ WIN = 1.3
 NOTHING = 1.05
 """An oracle gain under this is nothing to win: nothing should change."""
 
-WORKLOADS = ("latency", "cpu", "step-bound")
+WORKLOADS = ("latency", "cpu", "step-bound", "folder", "tabular")
 WRITTEN: dict[str, dict[str, Any]] = {
     "nothing": {},
     "w2": {"num_workers": 2, "pin_memory": True},
+    "w4": {"num_workers": 4, "pin_memory": True},
     "w16": {"num_workers": 16},
 }
+
+FOLDER_IMAGES = 1024
+"""PNG files of the ``folder`` workload (64 x 64, written by the child into a temporary folder)."""
 
 
 # -- the child: one run ---------------------------------------------------------------------------
 
-def _make(workload: str) -> tuple[Any, Any]:
-    """(dataset, step) of a workload, made in memory."""
+def _make(workload: str, scratch: str) -> tuple[Any, Any]:
+    """(dataset, step) of a workload, made in memory (``folder``: files written under ``scratch``)."""
     import torch
-    from torch.utils.data import Dataset
+    import torchvision.transforms as T
+    from torch.utils.data import Dataset, TensorDataset
+    from torchvision.datasets import ImageFolder
+
+    from autotune.workloads import write_image_folder
 
     class Latency(Dataset[Any]):
         """Each read waits 1 ms (storage), as remote or network file systems do."""
@@ -103,10 +114,22 @@ def _make(workload: str) -> tuple[Any, Any]:
     def heavy(batch: Any) -> None:
         time.sleep(0.03)
 
+    if workload == "folder":  # PNGs decoded per sample, a fixed pipeline and a random flip
+        root = write_image_folder(Path(scratch) / "images", n=FOLDER_IMAGES, size=64, fmt="PNG")
+        transform = T.Compose([T.ToTensor(), T.Normalize((0.5,) * 3, (0.25,) * 3), T.RandomHorizontalFlip()])
+        return ImageFolder(str(root), transform=transform), light
+    if workload == "tabular":  # rows already in memory: little to win but the collation
+        gen = torch.Generator().manual_seed(0)
+        return TensorDataset(torch.randn((SAMPLES, 64), generator=gen), torch.arange(SAMPLES) % 10), light
     return {"latency": (Latency(), light), "cpu": (Cpu(), light), "step-bound": (Cheap(), heavy)}[workload]
 
 
 def child(workload: str, written: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="autotune-decisions-data-") as scratch:
+        return _child(workload, written, scratch)
+
+
+def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
     import torch.utils.data as tud
 
     import autotune
@@ -115,7 +138,7 @@ def child(workload: str, written: str) -> dict[str, Any]:
     class RunLoader(DropIn[Any]):
         explicit_settings_are_fixed = False  # as ``autotune run`` builds it
 
-    ds, step = _make(workload)
+    ds, step = _make(workload, scratch)
     kw: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, **WRITTEN[written]}
     user = train(tud.DataLoader(ds, **kw), step, EPOCHS)
     loader = RunLoader(ds, epochs=EPOCHS, **kw)
@@ -237,6 +260,18 @@ def _save(data: dict[str, Any], folder: Path) -> None:
     write_markdown(data, folder / "DECISIONS.md")
 
 
+def _chosen(parser: argparse.ArgumentParser, flag: str, value: str | None, known: tuple[str, ...]
+            ) -> tuple[str, ...]:
+    if value is None:
+        return known
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        parser.error(f"{flag} {value!r}: {', '.join(unknown) or 'nothing'} is not one of"
+                     f" {', '.join(known)}; pass a comma-separated list of those")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "WRITTEN"), help=argparse.SUPPRESS)
@@ -244,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="one repeat of a reduced grid, to a temporary folder")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--modes", default=None, help="comma-separated: quiet,loaded")
+    parser.add_argument("--workloads", default=None,
+                        help=f"comma-separated, of {', '.join(WORKLOADS)} (default: all)")
+    parser.add_argument("--written", default=None,
+                        help=f"comma-separated, of {', '.join(WRITTEN)} (default: all)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for DECISIONS.md and decisions.json (default:"
                         " benchmarks/results/decisions/; with --quick, a new temporary folder)")
@@ -254,7 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     fill_in(args, {"repeats": 1, "modes": "quiet"}, {"repeats": 3, "modes": "quiet,loaded"})
     folder = out_folder(args, __file__, "autotune-decisions-")
     folder.mkdir(parents=True, exist_ok=True)
-    grid = [(w, s) for w in WORKLOADS for s in WRITTEN] if not args.quick else [("latency", "nothing")]
+    workloads = _chosen(parser, "--workloads", args.workloads, WORKLOADS)
+    written = _chosen(parser, "--written", args.written, tuple(WRITTEN))
+    grid = ([(w, s) for w in workloads for s in written] if not args.quick
+            else [(workloads[0] if args.workloads else "latency", written[0] if args.written else "nothing")])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
     data: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": describe_machine(),
