@@ -633,6 +633,53 @@ def test_an_explored_stretch_hands_no_workers_to_the_same_settings_served(
     assert timeouts == [30.0, 0.0]  # explored, then served on workers of its own, waiting
 
 
+@pytest.mark.parametrize("measured", [False, True], ids=["run-to-limit", "sealed"])
+def test_the_user_s_settings_wait_with_their_workers_while_another_candidate_serves(
+        monkeypatch: Any, no_leaked_children: None, measured: bool) -> None:
+    # The user's settings and another candidate take turns in 12-item stretches: the workers of
+    # the user's settings wait while the other serves and serve their next turn, so they start
+    # once an epoch, as torch's do; the epoch is torch's item for item, also when left early.
+    from autotune import epochs
+
+    class TakingTurns(epochs.Driver):
+        def next_stretch(self) -> Any:
+            if self.feed is None or not self.feed.has_more():
+                return None
+            self.turn = getattr(self, "turn", 0) + 1
+            base = self.tuning.baseline
+            if self.turn % 2:
+                return self._stretch(base, "online" if measured else None, 12, window_s=0.0)
+            return self._stretch(dataclasses.replace(base, prefetch_factor=3), "online", 12, window_s=0.0)
+
+    start = epochs.start_epoch
+    monkeypatch.setattr(epochs, "start_epoch", lambda serving, settings, fresh: TakingTurns(
+        serving, settings, start(serving, settings, fresh).feed))
+    starts: list[int] = []
+    start_iterator = epochs.start_iterator
+    monkeypatch.setattr(epochs, "start_iterator",
+                        lambda inner: starts.append(inner.prefetch_factor) or start_iterator(inner))
+    kw = {"batch_size": 4, "shuffle": True, "num_workers": 2}
+
+    def run(loader: Any) -> list[list[int]]:
+        out = []
+        for stop in (40, None):  # leave the first epoch early
+            items: list[int] = []
+            for n, (x, _) in enumerate(loader):
+                items.extend(int(v) for v in x[:, 0])
+                if n + 1 == stop:
+                    break
+            out.append(items)
+        return out
+
+    with DataLoader(Whose(300, delay_s=0.001), generator=torch.Generator().manual_seed(5), cache=False,
+                    pretransform="none", **kw) as loader:
+        got = run(loader)
+    assert got == run(torch.utils.data.DataLoader(Whose(300), generator=torch.Generator().manual_seed(5),
+                                                  **kw))
+    assert starts.count(2) == 2  # the user's settings: one start an epoch, over 75 stretches
+    assert starts.count(3) >= 4  # the other candidate: a start for each of its turns
+
+
 class Computes(Remote):
     """Loading that computes: every read keeps the CPU busy for ``delay_s``."""
 
