@@ -70,8 +70,12 @@ WRITTEN: dict[str, dict[str, Any]] = {
     "w16": {"num_workers": 16},
 }
 
-FOLDER_IMAGES = 1024
-"""PNG files of the ``folder`` workload (64 x 64, written by the child into a temporary folder)."""
+FOLDER_IMAGES = 4096
+"""PNG files of the ``folder`` workload (64 x 64, written by the child into a temporary folder): an
+epoch of about a second, as the other workloads'."""
+
+TABULAR_ROWS = 16384
+"""Rows of the ``tabular`` workload: an epoch of about a second, as the other workloads'."""
 
 
 # -- the child: one run ---------------------------------------------------------------------------
@@ -120,7 +124,8 @@ def _make(workload: str, scratch: str) -> tuple[Any, Any]:
         return ImageFolder(str(root), transform=transform), light
     if workload == "tabular":  # rows already in memory: little to win but the collation
         gen = torch.Generator().manual_seed(0)
-        return TensorDataset(torch.randn((SAMPLES, 64), generator=gen), torch.arange(SAMPLES) % 10), light
+        rows = torch.randn((TABULAR_ROWS, 64), generator=gen)
+        return TensorDataset(rows, torch.arange(TABULAR_ROWS) % 10), light
     return {"latency": (Latency(), light), "cpu": (Cpu(), light), "step-bound": (Cheap(), heavy)}[workload]
 
 
