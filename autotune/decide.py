@@ -31,8 +31,9 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    is tested on the logarithms of every repeated measurement, with the noise from the spread of
 #    the repeats themselves (the pooled variance of each candidate's measurements around its own
 #    mean). Either way the noise is measured, not assumed. The one-sided lower bound of the ratio at
-#    CONFIDENCE must be above 1, and the ratio itself at least 1 + TIE_TOLERANCE (a confident gain of
-#    a percent or two is not worth changing what the user runs); otherwise the baseline is kept.
+#    CONFIDENCE must be above 1, and the ratio itself, and the ratio of the median scores that the
+#    speed-up reports, at least 1 + MIN_GAIN (a confident gain of a few percent is not worth changing
+#    what the user runs); otherwise the baseline is kept.
 #    Without repeats there is no noise estimate and no confident win. The interval is reported with
 #    the speed-up: its two one-sided CONFIDENCE bounds, together a two-sided interval of
 #    2 * CONFIDENCE - 1 (90 %).
@@ -67,6 +68,10 @@ PRUNE_RATIO = 0.5
 
 TIE_TOLERANCE = 0.03
 """Scores within 3 % are a tie on a shared machine; the cheaper candidate wins (NOTE [ Decisions ] 2)."""
+
+MIN_GAIN = 0.05
+"""What the pick must gain over the baseline to replace it, in its ratio and in its score over the
+run (NOTE [ Decisions ] 3): a sure gain of a few percent is not worth changing what the user runs."""
 
 FINALISTS = 3
 """How many of the best candidates are re-measured beside the baseline (NOTE [ Decisions ] 4)."""
@@ -273,7 +278,7 @@ class Decision:
         """The baseline kept while the best challenger measured ahead of it by more than a tie, but
         not with confidence: more measuring could still show it faster (or not)."""
         v = self.verdict
-        return (self.kept_baseline and v is not None and v.ratio > 1.0 + TIE_TOLERANCE and not v.wins
+        return (self.kept_baseline and v is not None and v.ratio >= 1.0 + MIN_GAIN and not v.wins
                 and v.high > 1.0)
 
 
@@ -442,10 +447,11 @@ class Ledger:
             return Decision(base, base, None, None, "no other configuration could be measured")
         verdict = self.verdict(challenger.candidate, baseline)
         assert verdict is not None
-        if verdict.wins and verdict.ratio >= 1.0 + TIE_TOLERANCE:
+        gain = 1.0 + MIN_GAIN
+        if verdict.wins and verdict.ratio >= gain and challenger.score >= gain * base.score:
             return Decision(challenger, base, challenger, verdict,
                             f"{challenger.candidate.label()} beats the baseline: {verdict.describe()}")
-        why = (f"faster by less than {TIE_TOLERANCE:.0%}: not worth a change" if verdict.wins
+        why = (f"faster by less than {MIN_GAIN:.0%}: not worth a change" if verdict.wins
                else f"not a win at {verdict.confidence:.0%} confidence")
         kept = Decision(base, base, challenger, verdict,
                         f"kept the baseline: the best other configuration, {challenger.candidate.label()},"

@@ -169,3 +169,23 @@ def test_the_baseline_s_cold_first_measurement_is_left_out_once_repeats_stand_be
         led.record(BASE, "final", "complete", m=m(v))
     v = led.verdict(FAST, BASE)
     assert v is not None and not v.wins and 0.98 < v.ratio < 1.04
+
+
+def test_a_confident_gain_under_five_percent_keeps_what_the_user_runs() -> None:
+    # 4 % faster in every pair, surely: a gain the user would not notice is no reason for a change.
+    led = _paired([(104.0, 100.0), (104.2, 100.1), (103.9, 99.9), (104.1, 100.0)], log_se=0.001)
+    d = led.decide([FAST, BASE], BASE)
+    assert d.verdict is not None and d.verdict.wins and 1.0 + TIE_TOLERANCE < d.verdict.ratio < 1.05
+    assert d.kept_baseline and not d.undecided
+    assert "less than 5%" in d.reason
+
+
+def test_a_win_must_also_gain_five_percent_in_the_score_it_reports() -> None:
+    # The pairs' mean says 6 %, one of them well ahead; the median score, the speed-up reported,
+    # says 4 %: the figure the user would see is no reason for a change either.
+    led = _paired([(104.0, 100.0), (104.0, 100.0), (104.0, 100.0), (112.0, 100.0), (104.0, 100.0),
+                   (112.0, 100.0)], log_se=0.001)
+    d = led.decide([FAST, BASE], BASE)
+    score = led.summarize(FAST).score / led.summarize(BASE).score
+    assert d.verdict is not None and d.verdict.wins and d.verdict.ratio >= 1.05 and score < 1.05
+    assert d.kept_baseline
