@@ -501,4 +501,10 @@ class Explorer:
             self._start_rounds(1, "final")  # one more round while the verdict is open
             if self.rounds:
                 return
+        base = self.ledger.by_candidate.get(self.baseline)
+        m = base[0].measurement if base else None
+        if self.nothing_to_win and decision.challenger is None and m is not None:
+            decision = replace(decision, reason=(
+                f"the step waited for data {m.wait_fraction:.1%} of the time with the baseline settings:"
+                " no loader can make the run faster, so nothing else was tried"))
         self.decision = decision

@@ -73,6 +73,8 @@ def test_nothing_to_win_keeps_the_baseline_without_exploring() -> None:
     ex, served = run(SPACE, steady({"base": 100.0, "process": 400.0}), wait=0.02)
     assert ex.decision is not None and ex.decision.kept_baseline
     assert served == [BASE]  # no candidate was tried
+    assert ex.decision.reason.startswith("the step waited for data 2.0% of the time")
+    assert "nothing else was tried" in ex.decision.reason
 
 
 def test_a_noisy_machine_keeps_the_baseline() -> None:
