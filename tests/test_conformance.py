@@ -691,9 +691,13 @@ def _train(loader: Any, epochs: int, threads: int | None = None) -> torch.Tensor
     return torch.cat([p.detach().flatten() for p in params])
 
 
-def test_torch_threads_none_trains_to_torch_s_parameters_bit_for_bit() -> None:
+def test_torch_threads_none_trains_to_torch_s_parameters_bit_for_bit(monkeypatch: Any) -> None:
     # The real search explores worker processes and threads beside the step; with the thread count
-    # left alone, the step computes exactly what it computes under torch.
+    # left alone, the step computes exactly what it computes under torch. It explores however little
+    # the step waits: on a busy machine the step slows, and the wait share alone would stop it.
+    from autotune import online
+
+    monkeypatch.setattr(online, "MIN_WAIT_TO_EXPLORE", 0.0)
     original = torch.get_num_threads()
     try:
         kwargs = {"batch_size": 32, "shuffle": True}
