@@ -489,7 +489,7 @@ def quick_settings(settings: Settings) -> Settings:
 DEFAULT_BUDGET_S = 60.0
 """The tuner's own default budget, so the benchmark measures what a user gets."""
 
-QUICK_BUDGET_S = 2.0
+QUICK_BUDGET_S = 5.0
 """Enough for the baseline and a few trials: quick mode checks the suite runs, not the figures."""
 
 DEFAULT_ROUNDS = 5
