@@ -26,8 +26,9 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    and its variance the larger of what the batches say and what the spread between the pairs says
 #    (this one catches what a window's own batches cannot: a drift within a pair, a start that
 #    differed). The baseline's first measurement, taken while the process still warms up (its
-#    first steps are slower whatever loads them), is left out once MIN_PAIRS others stand beside
-#    it. From MIN_PAIRS pairs on; where the windows cannot say (too few batches), the ratio
+#    first steps are slower whatever loads them) and a ram cache fills, is left out once MIN_PAIRS
+#    others stand beside it, from the verdict and from the baseline's score the speed-up is
+#    reported against. From MIN_PAIRS pairs on; where the windows cannot say (too few batches), the ratio
 #    is tested on the logarithms of every repeated measurement, with the noise from the spread of
 #    the repeats themselves (the pooled variance of each candidate's measurements around its own
 #    mean). Either way the noise is measured, not assumed. The one-sided lower bound of the ratio at
@@ -40,6 +41,14 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 # 4. Finalists are the best FINALISTS by median score (an out-of-order leader with its in-order twin)
 #    and the baseline, re-measured in interleaved rounds so that a slow drift of a shared machine hits
 #    them alike.
+# 5. The finals are sequential: after each round but the last, they end at once where the pick
+#    already wins by rule 3 with its bound at INTERIM_CONFIDENCE (99.5 %) rather than CONFIDENCE
+#    (``decided_early``), once the baseline's cold first measurement no longer counts; the last
+#    round's look is at CONFIDENCE. Each look may be wrong, so the
+#    chance of a false win over k rounds is at most 5 % + (k - 1) x 0.5 % (at most 6.5 % in the
+#    drop-in's four rounds), while a clear win is taken after the first or second round instead of
+#    the last. A challenger that no longer leads the baseline stops playing after any round
+#    (NOTE [ Online search ] 5 in online.py).
 """
 
 from __future__ import annotations
@@ -86,10 +95,21 @@ between its two windows (NOTE [ Decisions ] 3)."""
 BLOCK_DEGREES = 2
 """Degrees of freedom a window's batches count for at least (measure.MIN_BLOCKS blocks, less one)."""
 
+INTERIM_CONFIDENCE = 0.995
+"""The one-sided confidence at which a look before the last round may end the finals early (NOTE
+[ Decisions ] 5)."""
+
 _T95 = ((1, 6.314), (2, 2.920), (3, 2.353), (4, 2.132), (5, 2.015), (6, 1.943), (7, 1.895),
         (8, 1.860), (9, 1.833), (10, 1.812), (12, 1.782), (15, 1.753), (20, 1.725), (30, 1.697),
         (60, 1.671), (120, 1.658))
 """One-sided 95 % quantiles of Student's t by degrees of freedom (standard tables); 1.645 beyond."""
+
+_T995 = ((1, 63.657), (2, 9.925), (3, 5.841), (4, 4.604), (5, 4.032), (6, 3.707), (7, 3.499),
+         (8, 3.355), (9, 3.250), (10, 3.169), (12, 3.055), (15, 2.947), (20, 2.845), (30, 2.750),
+         (60, 2.660), (120, 2.617))
+"""One-sided 99.5 % quantiles of Student's t by degrees of freedom (standard tables); 2.576 beyond."""
+
+_TABLES = {CONFIDENCE: (_T95, 1.645), INTERIM_CONFIDENCE: (_T995, 2.576)}
 
 _OOM_MARKERS = ("out of memory", "CUDA error: out of memory", "DefaultCPUAllocator: can't allocate")
 
@@ -100,16 +120,18 @@ def interval_label(confidence: float) -> str:
     return f"{2 * confidence - 1:.0%} interval"
 
 
-def t_quantile(df: int) -> float:
-    """The one-sided CONFIDENCE quantile of Student's t with ``df`` degrees of freedom (for a df
-    between two table rows, the smaller row's, which is the larger quantile: conservative)."""
+def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
+    """The one-sided ``confidence`` quantile (CONFIDENCE or INTERIM_CONFIDENCE) of Student's t with
+    ``df`` degrees of freedom (for a df between two table rows, the smaller row's, which is the larger
+    quantile: conservative)."""
     if df < 1:
         return math.inf
+    table, beyond = _TABLES[confidence]
     value = math.inf
-    for rows, q in _T95:
+    for rows, q in table:
         if df >= rows:
             value = q
-    return value if df <= _T95[-1][0] else 1.645
+    return value if df <= table[-1][0] else beyond
 
 
 def score(m: Measurement, c: Candidate, dataset_len: int | None, epochs: int) -> float:
@@ -311,8 +333,9 @@ class Ledger:
     def measured(self, c: Candidate) -> int:
         return len(self.by_candidate.get(c, ()))
 
-    def summarize(self, c: Candidate) -> Summary:
-        recs = self.by_candidate[c]
+    def summarize(self, c: Candidate, records: Sequence[TrialRecord] | None = None) -> Summary:
+        """``c`` over its measurements (``records``: over these of them)."""
+        recs = list(records) if records is not None else self.by_candidate[c]
         ms = [r.measurement for r in recs if r.measurement is not None]
         sps = [m.samples_per_s for m in ms]
         med = statistics.median(sps)
@@ -360,11 +383,14 @@ class Ledger:
             out.append(baseline)
         return out
 
-    def noise(self) -> tuple[float, int]:
-        """(pooled variance of log-scores around each candidate's mean, degrees of freedom)."""
+    def noise(self, baseline: Candidate | None = None) -> tuple[float, int]:
+        """(pooled variance of log-scores around each candidate's mean, degrees of freedom); of
+        ``baseline``, the measurements a verdict weighs (its cold first one left out as there)."""
         ss = 0.0
         df = 0
-        for recs in self.by_candidate.values():
+        for c, recs in self.by_candidate.items():
+            if c == baseline:
+                recs = self._baseline_records(c)
             logs = [math.log(r.score) for r in recs if r.score]
             if len(logs) > 1:
                 mean = statistics.fmean(logs)
@@ -393,7 +419,8 @@ class Ledger:
         later = [r for r in recs if r.phase != "baseline"]
         return later if len(later) >= MIN_PAIRS else recs
 
-    def _paired_verdict(self, c: Candidate, baseline: Candidate) -> Verdict | None:
+    def _paired_verdict(self, c: Candidate, baseline: Candidate,
+                        confidence: float = CONFIDENCE) -> Verdict | None:
         """The verdict from paired windows and their batches (NOTE [ Decisions ] 3); ``None`` where
         fewer than MIN_PAIRS pairs have both windows' standard errors."""
         diffs: list[float] = []
@@ -413,13 +440,14 @@ class Ledger:
         within = 1.0 / sum(weights)
         between = statistics.variance(diffs) / n
         var, df = (within, 2 * BLOCK_DEGREES * n) if within >= between else (between, n - 1)
-        half = t_quantile(df) * math.sqrt(var)
-        return Verdict(math.exp(diff), math.exp(diff - half), math.exp(diff + half), CONFIDENCE, df)
+        half = t_quantile(df, confidence) * math.sqrt(var)
+        return Verdict(math.exp(diff), math.exp(diff - half), math.exp(diff + half), confidence, df)
 
-    def verdict(self, c: Candidate, baseline: Candidate) -> Verdict | None:
-        """``c`` against ``baseline`` (NOTE [ Decisions ] 3); ``None`` when either is unmeasured."""
+    def verdict(self, c: Candidate, baseline: Candidate, confidence: float = CONFIDENCE) -> Verdict | None:
+        """``c`` against ``baseline`` (NOTE [ Decisions ] 3), its bounds one-sided at ``confidence``;
+        ``None`` when either is unmeasured."""
         if c != baseline:
-            paired = self._paired_verdict(c, baseline)
+            paired = self._paired_verdict(c, baseline, confidence)
             if paired is not None:
                 return paired
         a = [math.log(r.score) for r in self.by_candidate.get(c, ()) if r.score]
@@ -428,15 +456,37 @@ class Ledger:
         if not a or not b:
             return None
         diff = statistics.fmean(a) - statistics.fmean(b)
-        var, df = self.noise()
+        var, df = self.noise(baseline)
         if df < 1:
-            return Verdict(math.exp(diff), 0.0, math.inf, CONFIDENCE, 0)
-        half = t_quantile(df) * math.sqrt(var * (1.0 / len(a) + 1.0 / len(b)))
-        return Verdict(math.exp(diff), math.exp(diff - half), math.exp(diff + half), CONFIDENCE, df)
+            return Verdict(math.exp(diff), 0.0, math.inf, confidence, 0)
+        half = t_quantile(df, confidence) * math.sqrt(var * (1.0 / len(a) + 1.0 / len(b)))
+        return Verdict(math.exp(diff), math.exp(diff - half), math.exp(diff + half), confidence, df)
+
+    def decided_early(self, finalists: Sequence[Candidate], baseline: Candidate) -> bool:
+        """Whether the finals may end before their last round (NOTE [ Decisions ] 5): the pick wins
+        as ``decide`` would have it win, with its bound at INTERIM_CONFIDENCE."""
+        later = [r for r in self.by_candidate.get(baseline, ()) if r.phase != "baseline"]
+        if len(later) < MIN_PAIRS:  # the baseline's cold first measurement would still count
+            return False
+        challenger = self.pick(c for c in finalists if c != baseline)
+        if challenger is None:
+            return False
+        verdict = self.verdict(challenger.candidate, baseline, INTERIM_CONFIDENCE)
+        return verdict is not None and self._wins(verdict, challenger, self._baseline_summary(baseline))
+
+    def _baseline_summary(self, baseline: Candidate) -> Summary:
+        """The baseline over the measurements a verdict weighs (``_baseline_records``): the speed-up
+        reported is then against the pace its pairs had, not the cold first stretch's."""
+        return self.summarize(baseline, self._baseline_records(baseline))
+
+    @staticmethod
+    def _wins(verdict: Verdict, challenger: Summary, base: Summary) -> bool:
+        gain = 1.0 + MIN_GAIN
+        return verdict.wins and verdict.ratio >= gain and challenger.score >= gain * base.score
 
     def decide(self, finalists: Sequence[Candidate], baseline: Candidate) -> Decision:
         """The configuration to use (NOTE [ Decisions ] 2-3)."""
-        base = self.summarize(baseline) if baseline in self.by_candidate else None
+        base = self._baseline_summary(baseline) if baseline in self.by_candidate else None
         challenger = self.pick(c for c in finalists if c != baseline)
         if base is None:
             if challenger is None:
@@ -447,8 +497,7 @@ class Ledger:
             return Decision(base, base, None, None, "no other configuration could be measured")
         verdict = self.verdict(challenger.candidate, baseline)
         assert verdict is not None
-        gain = 1.0 + MIN_GAIN
-        if verdict.wins and verdict.ratio >= gain and challenger.score >= gain * base.score:
+        if self._wins(verdict, challenger, base):
             return Decision(challenger, base, challenger, verdict,
                             f"{challenger.candidate.label()} beats the baseline: {verdict.describe()}")
         why = (f"faster by less than {MIN_GAIN:.0%}: not worth a change" if verdict.wins

@@ -21,7 +21,11 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 #    no worker count removes; on short epochs, where every stretch of workers pays their start-up,
 #    it is what can win before the run ends.
 #    A candidate below decide.PRUNE_RATIO of the best throughput so far is abandoned after a few
-#    batches.
+#    batches. Once the best so far waits for data less than MIN_WAIT_TO_EXPLORE of the time, no
+#    other loader can win more than that: the loaders left in the queue are dropped, and only the
+#    torch thread counts around it are tried.
+#    Where the ram cache fills from the first epoch, the search waits for it (NOTE [ The cache
+#    before the workers ] in tuning.py).
 # 4. Exploring is an investment with a bound: every stretch's cost is its wall time minus what the
 #    baseline would have taken for the same samples (start-up and close included) at the first
 #    stretch's rate (measured once the process warmed up: NOTE [ The first stretch settles in ] in
@@ -37,7 +41,9 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 #    more than decide.TIE_TOLERANCE (none did: the baseline is kept at once), and after every round a
 #    challenger that could no longer win drops out: one that no longer leads the baseline, or that
 #    the best challenger beats with confidence (once the noise is measured). When none is left, the
-#    finals end there.
+#    finals end there. They also end after any round where the pick already wins at the stricter
+#    interim confidence (NOTE [ Decisions ] 5 in decide.py): a clear win is not measured again.
+#    The same holds for a filled cache's check (``challenge``), which is played as finals.
 # 6. A settled configuration that measures slower than the baseline's rate is checked again
 #    (``recheck``): RECHECK_ROUNDS rounds of it against the baseline, decided by the same rule; the
 #    baseline is used again unless the settled configuration still wins with confidence.
@@ -191,6 +197,7 @@ class Explorer:
             self._fill_queue()
             while self.queue and not self.allowed(self.queue[0]):
                 self.queue.pop(0)
+            self._nothing_left_to_win()
             if self.queue and self._may_explore():
                 return self.queue[0], "online"
             self._start_rounds(MIN_FINAL_ROUNDS, "final")
@@ -296,6 +303,17 @@ class Explorer:
         base = self.ledger.by_candidate[self.baseline][0].measurement
         wait = base.wait_fraction if base is not None else 0.0
         return self.loss_s <= max(EXPLORE_LOSS_FRACTION, EXPLORE_WIN_SHARE * wait) * projected
+
+    def _nothing_left_to_win(self) -> None:
+        """Where the best so far hardly waits for data, no other loader can be faster by more than
+        what it waits (NOTE 2): the loaders queued are dropped, and only the torch thread counts
+        around it are left to try (NOTE 3)."""
+        best = self.ledger.pick(self.ledger.by_candidate)
+        if best is None or best.candidate == self.baseline or best.wait_fraction >= MIN_WAIT_TO_EXPLORE:
+            return
+        same = replace(best.candidate, torch_threads=None)
+        self.queue = [c for c in self.queue if replace(c, torch_threads=None) == same]
+        self.neighbours_tried = self.caches_tried = True
 
     def _projected_run_s(self) -> float | None:
         base = self.ledger.by_candidate.get(self.baseline)
@@ -483,6 +501,9 @@ class Explorer:
             self.rounds.pop(0)
             if self.phase == "final" and self.rounds:
                 self._drop_out()
+            if self.phase == "final" and self.rounds and self.ledger.decided_early(
+                    [c for c in self.finalists if c not in self.dropped], self.baseline):
+                self.rounds = []  # NOTE [ Decisions ] 5 in decide.py: a clear win needs no more rounds
             if not self.rounds:
                 self._after_rounds()
         if self.decision is not None:

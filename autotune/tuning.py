@@ -24,6 +24,18 @@ and what serves it (the inner loader kept, the thread count, the base seed) in `
 # settled choice only when it beats the baseline with confidence; a settled choice that won its own
 # search stays unless the check measures it slower than the baseline with confidence (a check that
 # ends without a winner is no proof that it stopped winning).
+#
+# NOTE [ The cache before the workers ]
+# Where a ram cache fills from the first epoch and the baseline's own stretches fill it (it is in
+# shared memory, or the baseline reads in the main process or in threads), the first epoch measures
+# the baseline's first stretch and then serves the baseline, unmeasured, to the epoch's end; the
+# search goes on in the next epoch with the filled cache first (NOTE [ Online search ] 3 in
+# online.py). Worker counts explored while the cache fills would each pay a start of workers, and
+# finals between them would be decided before the cache could be measured, only for the cache's check
+# to measure everything again: on short epochs that cost the run more than it won (an ImageFolder
+# with 2 workers written, 4 epochs: the first epoch 1.8-2.0x the user's). Only with three epochs at
+# least (one to fill, one to measure, one to use), and not under torchrun (the ranks' caches fill
+# apart). That epoch does not count against MAX_SEARCH_EPOCHS: it measured nothing but the baseline.
 """
 
 from __future__ import annotations
@@ -218,6 +230,8 @@ class Tuning:
         """A stored choice's load and the CPU times since it serves, until others' load is read."""
         self.load_since = plan.cpu_at_start
         """The CPU times when the latest search began: its result's load is read from them."""
+        self.held_for_fill = False
+        """Whether this epoch's search waits for the ram cache to fill (``filling_first``)."""
         self.partial: tuple[tuple[int, int], TuneResult | None] | None = None
         """The last partial result and the measurements it was made of (history, ledger records)."""
 
@@ -262,10 +276,25 @@ class Tuning:
         self.settled = self.baseline
 
     def next_candidate(self) -> tuple[Candidate, Any] | None:
+        """The next stretch's candidate and phase; ``None``: the baseline serves the rest of the epoch,
+        unmeasured (the search decided, or it waits for the cache to fill: ``filling_first``)."""
         if self.explorer is None:
             return (self.baseline, "baseline") if not self.ledger.records else None
         self.explorer.cache_ready = self.cache_ready()
+        if self.filling_first():
+            self.held_for_fill = True
+            return None
         return self.explorer.next()
+
+    def filling_first(self) -> bool:
+        """Whether the first epoch's search waits for the ram cache (NOTE [ The cache before the
+        workers ]): the baseline's own stretches fill it, the cache is full by the epoch's end, and
+        at least two epochs are left to measure it and then use it."""
+        f, b, ex = self.filling, self.baseline, self.explorer
+        if (f is None or ex is None or self.epochs_done > 0 or self.together or ex.decision is not None
+                or ex.phase != "online" or ex.nothing_to_win or self.plan.epochs < 3 or self.cache_ready()):
+            return False
+        return f.shared or b.num_workers == 0 or b.worker_kind == "thread"
 
     def cache_ready(self) -> bool:
         """Whether the ram cache holds (nearly) every sample: only then is it measured as a cache
@@ -627,7 +656,9 @@ class Tuning:
     def end_search_epoch(self) -> Candidate | None:
         """An epoch of searching ended; the configuration settled on when the search is over."""
         self.epochs_done += 1
-        self.search_epochs += 1
+        if not self.held_for_fill:  # one that only filled the cache measured nothing but its first stretch
+            self.search_epochs += 1
+        self.held_for_fill = False
         allowed = max(1, min(MAX_SEARCH_EPOCHS, self.plan.epochs - 1))
         if self.phase not in MEASURING or self.search_epochs < allowed:
             return None

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from autotune.decide import CONFIDENCE, TIE_TOLERANCE, Ledger, t_quantile
+from autotune.decide import CONFIDENCE, INTERIM_CONFIDENCE, TIE_TOLERANCE, Ledger, t_quantile
 from autotune.measure import Measurement
 from autotune.space import Candidate
 
@@ -102,6 +102,11 @@ def test_the_t_quantiles_are_the_tables(df: int, q: float) -> None:
     assert math.isinf(t_quantile(0))
 
 
+@pytest.mark.parametrize(("df", "q"), [(1, 63.657), (8, 3.355), (11, 3.169), (500, 2.576)])
+def test_the_interim_quantiles_are_the_tables(df: int, q: float) -> None:
+    assert t_quantile(df, INTERIM_CONFIDENCE) == pytest.approx(q)
+
+
 def _paired(rounds: list[tuple[float, float]], log_se: float | None) -> Ledger:
     """Rounds of (the challenger's, the baseline's) rate measured side by side, in that order, each
     window with ``log_se`` read from its batches."""
@@ -189,3 +194,25 @@ def test_a_win_must_also_gain_five_percent_in_the_score_it_reports() -> None:
     score = led.summarize(FAST).score / led.summarize(BASE).score
     assert d.verdict is not None and d.verdict.wins and d.verdict.ratio >= 1.05 and score < 1.05
     assert d.kept_baseline
+
+
+def test_a_clear_win_ends_the_finals_before_their_last_round() -> None:
+    # Two rounds, 2x in both, each window's batches within 2 %: a win at 99.5 % already.
+    led = _paired([(200.0, 100.0), (204.0, 101.0)], log_se=0.02)
+    assert led.decided_early([FAST, BASE], BASE)
+    v = led.verdict(FAST, BASE, INTERIM_CONFIDENCE)
+    assert v is not None and v.wins and v.confidence == INTERIM_CONFIDENCE
+
+
+def test_a_win_only_at_95_percent_plays_the_rounds_left() -> None:
+    # 1.2x in two pairs whose batches spread by 6 %: a win at 95 % (the last round's look), not at
+    # 99.5 % (an earlier round's): the finals go on.
+    led = _paired([(120.0, 100.0), (121.0, 100.0)], log_se=0.06)
+    assert led.decide([FAST, BASE], BASE).verdict.wins  # type: ignore[union-attr]
+    assert not led.decided_early([FAST, BASE], BASE)
+
+
+def test_a_small_sure_gain_does_not_end_the_finals_early() -> None:
+    # Sure at any confidence, but under MIN_GAIN: no win to end on.
+    led = _paired([(103.0, 100.0), (103.1, 100.0)], log_se=0.001)
+    assert not led.decided_early([FAST, BASE], BASE)

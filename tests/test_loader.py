@@ -166,11 +166,49 @@ def test_every_stretch_of_the_first_epoch_fills_the_cache(no_leaked_children) ->
         assert counts.filled == len(ds) and counts.stopped is None, (counts, table)
 
 
+@pytest.mark.parametrize("workers", [0, 2], ids=["nothing-written", "two-workers-written"])
+def test_the_search_waits_for_the_cache_the_first_epoch_fills(
+        no_leaked_children, tmp_path: Any, workers: int) -> None:
+    # NOTE [ The cache before the workers ]: the baseline's own stretches fill the ram cache (in the
+    # main process, or in the two workers the user wrote), so the first epoch measures the baseline
+    # alone and serves it to the end; the next epoch measures the filled cache before any other
+    # loader. Every epoch is torch's, batch for batch.
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    transform = T.Compose([T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))])
+    ds = ImageFolder(_png_folder(tmp_path / "images", n=384), transform=transform)
+
+    def epochs(make: Any, **kw: Any) -> tuple[Any, list[Any]]:
+        loader = make(ds, batch_size=8, shuffle=True, num_workers=workers,
+                      generator=torch.Generator().manual_seed(1), **kw)
+        return loader, [[torch.cat([x.flatten(1), y[:, None].float()], 1) for x, y in loader]]
+
+    _, expected = epochs(torch.utils.data.DataLoader)
+    with DataLoader(ds, batch_size=8, shuffle=True, num_workers=workers, cache=False, epochs=8,
+                    generator=torch.Generator().manual_seed(1)) as loader:
+        got = [[torch.cat([x.flatten(1), y[:, None].float()], 1) for x, y in loader]]
+        filling = loader._tuning.filling
+        assert filling is not None, "no cache planned"
+        if workers and not filling.shared:
+            pytest.skip("/dev/shm cannot hold the cache: worker processes do not fill it here")
+        records = list(loader._tuning.ledger.records)
+        assert records and {r.phase for r in records} == {"baseline"}, records
+        assert loader._tuning.cache_ready()
+        got.append([torch.cat([x.flatten(1), y[:, None].float()], 1) for x, y in loader])
+        later = [r for r in loader._tuning.ledger.records if r.phase != "baseline"]
+    expected.append([torch.cat([x.flatten(1), y[:, None].float()], 1) for x, y in _])
+    for a, b in zip(got, expected, strict=True):
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert later and later[0].candidate.pretransform == "ram", [r.candidate.label() for r in later]
+
+
 def test_the_order_is_the_sampler_s_while_exploring(no_leaked_children) -> None:
     # Stretches hand out their batches in order, so the epoch comes exactly as a plain DataLoader
-    # with the same sampler would give it.
+    # with the same sampler would give it. (No cache: one filling from the first epoch would hold the
+    # search until it is full, NOTE [ The cache before the workers ].)
     ds = Remote(1024)
-    with DataLoader(ds, batch_size=16, shuffle=False, cache=False) as loader:
+    with DataLoader(ds, batch_size=16, shuffle=False, cache=False, pretransform="none") as loader:
         assert _epoch(loader) == list(range(len(ds)))
         # Served by more than one configuration, worker processes or threads among them.
         assert any(t.candidate.num_workers > 0 for t in loader.tuning.trials)
@@ -180,7 +218,8 @@ def test_out_of_order_stretches_hand_out_each_item_once(no_leaked_children) -> N
     # With in_order=False, stretches deliver out of order as torch does (a slow batch holds none
     # back); one ended early gives back what it had not handed out, so each item comes once.
     ds = Remote(1024)
-    with DataLoader(ds, batch_size=16, shuffle=False, cache=False, in_order=False) as loader:
+    with DataLoader(ds, batch_size=16, shuffle=False, cache=False, in_order=False,
+                    pretransform="none") as loader:
         assert Counter(_epoch(loader)) == Counter(range(len(ds)))
         # Served by more than one configuration, worker processes or threads among them.
         assert any(t.candidate.num_workers > 0 for t in loader.tuning.trials)

@@ -12,7 +12,7 @@ from dataclasses import replace
 from autotune.decide import Ledger, estimate_workers
 from autotune.epochs import Timeline
 from autotune.measure import Measurement
-from autotune.online import MAX_CANDIDATES, Explorer, Outcome
+from autotune.online import MAX_CANDIDATES, RECHECK_ROUNDS, Explorer, Outcome
 from autotune.space import Candidate, SearchSpace
 
 BASE = Candidate(32)
@@ -443,3 +443,54 @@ def test_a_filled_cache_is_tried_before_any_worker_count() -> None:
     ex.record(Outcome(BASE, "baseline", measurement(100.0, 0.75), samples=SAMPLES, wall_s=32.0))
     c, _ = ex.next() or (None, None)
     assert c is not None and c.pretransform == "none" and c.num_workers > 0, c
+
+
+def test_a_candidate_that_hardly_waits_ends_the_search_for_loaders() -> None:
+    # The filled cache read by a thread worker waits 2 % of the time: no worker count can win more
+    # than that, so none is tried; the finals take the cache against the baseline. With the same
+    # cache waiting 30 %, the worker counts are still explored.
+    space = replace(SPACE, pretransforms=("none", "ram"))
+
+    def serve(cache_wait: float) -> list[Candidate]:
+        ex = Explorer(space, BASE, Ledger(50_000, 10))
+        served: list[Candidate] = []
+        while (nxt := ex.next()) is not None and len(served) < 40:
+            c, phase = nxt
+            served.append(c)
+            sps, wait = (100.0, 0.75) if c == BASE else (300.0, cache_wait) if c.pretransform == "ram" \
+                else (150.0, 0.5)
+            ex.record(Outcome(c, phase, measurement(sps, wait), samples=SAMPLES, wall_s=SAMPLES / sps))
+        assert ex.decision is not None
+        return served
+
+    quick = serve(0.02)
+    assert all(c.pretransform == "ram" or c == BASE or c.torch_threads is not None for c in quick), \
+        [c.label() for c in quick]
+    slow = serve(0.3)
+    assert any(c.pretransform == "none" and c.num_workers > 0 for c in slow), [c.label() for c in slow]
+
+
+def test_a_cache_sure_of_its_win_ends_its_check_early() -> None:
+    # A filled cache's check plays RECHECK_ROUNDS rounds; a cache 3x faster in windows within 4 %
+    # wins at 99.5 % after the second (the baseline's cold first window no longer counts), and the
+    # third is not played (NOTE [ Decisions ] 5 in decide.py). Within 40 % it plays all three.
+    cached = replace(BASE, pretransform="ram")
+
+    def check(wobble: float) -> list[Candidate]:
+        ledger = Ledger(50_000, 10)
+        ledger.record(BASE, "baseline", "complete", m=measurement(60.0, 0.75))  # cold, while filling
+        ex = Explorer.challenge(SPACE, BASE, [cached], ledger)
+        rates = {BASE: itertools.cycle([100.0, 100.0 * (1 - wobble), 100.0 * (1 + wobble)]),
+                 cached: itertools.cycle([300.0, 300.0 * (1 + wobble), 300.0 * (1 - wobble)])}
+        served: list[Candidate] = []
+        while (nxt := ex.next()) is not None and len(served) < 20:
+            c, phase = nxt
+            served.append(c)
+            sps = next(rates[c])
+            ex.record(Outcome(c, phase, measurement(sps, 0.75 if c == BASE else 0.05), samples=SAMPLES,
+                              wall_s=SAMPLES / sps))
+        assert ex.decision is not None and ex.decision.chosen.candidate == cached, ex.decision.reason
+        return served
+
+    assert len(check(0.04)) == 2 * 2
+    assert len(check(0.4)) == 2 * RECHECK_ROUNDS
