@@ -21,9 +21,11 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 #    no worker count removes; on short epochs, where every stretch of workers pays their start-up,
 #    it is what can win before the run ends.
 #    A candidate below decide.PRUNE_RATIO of the best throughput so far is abandoned after a few
-#    batches. Once the best so far waits for data less than MIN_WAIT_TO_EXPLORE of the time, no
-#    other loader can win more than that: the loaders left in the queue are dropped, and only the
-#    torch thread counts around it are tried.
+#    batches. Once the best so far waits for data less than MIN_WAIT_TO_EXPLORE of the time, or its
+#    wait per sample is less than that share of the baseline's whole time per sample (a loop that
+#    barely steps waits most of the time on any loader), no other loader can win more than that:
+#    the loaders left in the queue are dropped, and only the torch thread counts around it are
+#    tried.
 #    Where the ram cache fills from the first epoch, the search waits for it (NOTE [ The cache
 #    before the workers ] in tuning.py).
 # 4. Exploring is an investment with a bound: every stretch's cost is its wall time minus what the
@@ -309,7 +311,14 @@ class Explorer:
         what it waits (NOTE 2): the loaders queued are dropped, and only the torch thread counts
         around it are left to try (NOTE 3)."""
         best = self.ledger.pick(self.ledger.by_candidate)
-        if best is None or best.candidate == self.baseline or best.wait_fraction >= MIN_WAIT_TO_EXPLORE:
+        if best is None or best.candidate == self.baseline:
+            return
+        base = self.ledger.summarize(self.baseline) if self.baseline in self.ledger.by_candidate else None
+        # Its wait per sample against the baseline's whole time per sample: a loop that barely steps
+        # waits most of the time on any loader, but one many times faster has little left to win.
+        left = best.wait_fraction * (base.samples_per_s / best.samples_per_s
+                                     if base is not None and best.samples_per_s > 0 else 1.0)
+        if min(best.wait_fraction, left) >= MIN_WAIT_TO_EXPLORE:
             return
         same = replace(best.candidate, torch_threads=None)
         self.queue = [c for c in self.queue if replace(c, torch_threads=None) == same]

@@ -245,23 +245,26 @@ class Interrupted(BaseException):
 # main thread receives a batch's file descriptor from a worker (multiprocessing's resource sharer, its
 # Unix socket, torch's storage rebuild), or while the DataLoader probes the open-file limit with
 # temporary files after a failed read, an exception strands a socket, a file or a descriptor that is
-# closed, with a ResourceWarning, only whenever the garbage collector gets to it. So during a trial
-# both handlers look at where the main thread is and do nothing inside that code. The measuring loop
-# raises the watchdog's failure itself after every batch, and the watchdog repeats either signal every
-# poll until a handler has run outside that code.
+# closed, with a ResourceWarning, only whenever the garbage collector gets to it. And one raised inside
+# a garbage collector's callback, a ``__del__`` or a finalizer (multiprocessing's, closing a queue) is
+# lost altogether: Python reports it as unraisable and goes on. So during a trial both handlers look
+# at where the main thread is and do nothing inside that code. The measuring loop raises the
+# watchdog's failure itself after every batch, and the watchdog repeats either signal every poll until
+# a handler has run outside that code.
 
 
 def _unsafe_files() -> frozenset[str]:
     """Files of code an exception must not cut short (see NOTE [ Interrupting the main thread ])."""
     import multiprocessing.reduction
     import multiprocessing.resource_sharer
+    import multiprocessing.util
     import socket
     import tempfile
 
     import torch.multiprocessing.reductions
 
     modules = (socket, tempfile, multiprocessing.reduction, multiprocessing.resource_sharer,
-               torch.multiprocessing.reductions)
+               multiprocessing.util, torch.multiprocessing.reductions)
     return frozenset(os.path.abspath(m.__file__) for m in modules if m.__file__)
 
 
@@ -270,9 +273,15 @@ _UNSAFE_FILES = _unsafe_files()
 
 def _in_unsafe_code(frame: Any) -> bool:
     """Whether ``frame`` or one of its callers runs code an exception must not cut short."""
+    import gc
+
+    unraisable = {getattr(c, "__code__", None) for c in gc.callbacks}
     depth = 0
     while frame is not None and depth < 64:
-        if os.path.abspath(frame.f_code.co_filename) in _UNSAFE_FILES:
+        code = frame.f_code
+        if code in unraisable or code.co_name == "__del__":
+            return True
+        if os.path.abspath(code.co_filename) in _UNSAFE_FILES:
             return True
         frame = frame.f_back
         depth += 1

@@ -34,8 +34,11 @@ and what serves it (the inner loader kept, the thread count, the base seed) in `
 # finals between them would be decided before the cache could be measured, only for the cache's check
 # to measure everything again: on short epochs that cost the run more than it won (an ImageFolder
 # with 2 workers written, 4 epochs: the first epoch 1.8-2.0x the user's). Only with three epochs at
-# least (one to fill, one to measure, one to use), and not under torchrun (the ranks' caches fill
-# apart). That epoch does not count against MAX_SEARCH_EPOCHS: it measured nothing but the baseline.
+# least (one to fill, one to measure, one to use), on epochs that hold HOLD_MIN_STRETCHES of the
+# baseline's shortest measured stretches (on a shorter one, a whole epoch is too much of the search's
+# room: a run of two such epochs would end undecided; there the search explores while the cache
+# fills), and not under torchrun (the ranks' caches fill apart). That epoch does not count against
+# MAX_SEARCH_EPOCHS: it measured nothing but the baseline.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from .online import (
     UNSIZED_STRETCH,
     Explorer,
     Outcome,
+    drained_items,
     stretch_items,
 )
 from .plan import CUDA_DATA, Plan
@@ -95,6 +99,10 @@ DRIFT_EPOCHS = 2
 
 MIN_EPOCHS_BETWEEN_SEARCHES = 3
 """Epochs at least from one search (or check) to the next."""
+
+HOLD_MIN_STRETCHES = STRETCHES_PER_EPOCH // 2
+"""The first epoch waits for the cache only where it holds this many of the baseline's shortest
+measured stretches (NOTE [ The cache before the workers ])."""
 
 FILLED_ENOUGH = 0.98
 """A cache filled this far is measured as a cache: samples an epoch skips (drop_last) or that its
@@ -294,6 +302,8 @@ class Tuning:
         if (f is None or ex is None or self.epochs_done > 0 or self.together or ex.decision is not None
                 or ex.phase != "online" or ex.nothing_to_win or self.plan.epochs < 3 or self.cache_ready()):
             return False
+        if not self.epoch_items or self.epoch_items < HOLD_MIN_STRETCHES * drained_items(b):
+            return False  # a short epoch: holding it would leave the search too little room
         return f.shared or b.num_workers == 0 or b.worker_kind == "thread"
 
     def cache_ready(self) -> bool:
@@ -510,8 +520,10 @@ class Tuning:
         self.noise_sd = math.sqrt(var) if df and math.isfinite(var) else 0.0
         self.history.extend(self.ledger.records)
         if self.explorer is not None:
-            log.debug("autotune: the search at %s served its stretches %.2f s slower than the baseline's"
-                      " first measured pace would have", self.origin, self.explorer.loss_s)
+            loss = self.explorer.loss_s
+            log.debug("autotune: the search at %s served its stretches %.2f s %s than the baseline's"
+                      " first measured pace would have", self.origin, abs(loss),
+                      "slower" if loss >= 0 else "faster")
         self.explorer = None
         self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
         self._enter(Phase.SETTLED, settled=c)

@@ -582,6 +582,40 @@ def test_a_worker_that_hangs_is_stopped_by_the_batch_time_limit(clean: Path) -> 
     assert result.loader_kwargs["num_workers"] == 0
 
 
+def test_a_signal_is_held_back_where_its_error_would_be_lost() -> None:
+    # NOTE [ Interrupting the main thread ]: raised inside a garbage collector's callback, a __del__
+    # or a multiprocessing finalizer, the watchdog's or a worker death's error is only reported as
+    # unraisable; there the handlers hold it back, and the watchdog sends it again.
+    import multiprocessing.util
+
+    from autotune.supervise import _in_unsafe_code
+
+    seen: list[bool] = []
+
+    def in_gc(phase: str, info: dict[str, int]) -> None:
+        seen.append(_in_unsafe_code(sys._getframe()))
+
+    class Dropped:
+        def __del__(self) -> None:
+            seen.append(_in_unsafe_code(sys._getframe()))
+
+    class Owner:
+        pass
+
+    gc.callbacks.append(in_gc)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(in_gc)
+    Dropped()
+    owner = Owner()
+    multiprocessing.util.Finalize(owner, lambda: seen.append(_in_unsafe_code(sys._getframe())))
+    del owner
+    gc.collect()
+    assert len(seen) >= 3 and all(seen), seen
+    assert not _in_unsafe_code(sys._getframe())
+
+
 def test_a_thread_worker_that_raises_fails_its_candidate_and_the_search_goes_on(clean: Path) -> None:
     result = tune_loader(FailsInThreads(), batch_size=4, budget_s=5, seed=1, shuffle=False, **QUICK)
     failed = [t for t in result.trials if t.state == "failed"]

@@ -172,7 +172,8 @@ def test_the_search_waits_for_the_cache_the_first_epoch_fills(
     # NOTE [ The cache before the workers ]: the baseline's own stretches fill the ram cache (in the
     # main process, or in the two workers the user wrote), so the first epoch measures the baseline
     # alone and serves it to the end; the next epoch measures the filled cache before any other
-    # loader. Every epoch is torch's, batch for batch.
+    # loader. Every epoch is torch's, batch for batch. Batches of 4: 96 to an epoch, long enough to
+    # hold (a shorter epoch explores while the cache fills: HOLD_MIN_STRETCHES).
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
 
@@ -180,12 +181,12 @@ def test_the_search_waits_for_the_cache_the_first_epoch_fills(
     ds = ImageFolder(_png_folder(tmp_path / "images", n=384), transform=transform)
 
     def epochs(make: Any, **kw: Any) -> tuple[Any, list[Any]]:
-        loader = make(ds, batch_size=8, shuffle=True, num_workers=workers,
+        loader = make(ds, batch_size=4, shuffle=True, num_workers=workers,
                       generator=torch.Generator().manual_seed(1), **kw)
         return loader, [[torch.cat([x.flatten(1), y[:, None].float()], 1) for x, y in loader]]
 
     _, expected = epochs(torch.utils.data.DataLoader)
-    with DataLoader(ds, batch_size=8, shuffle=True, num_workers=workers, cache=False, epochs=8,
+    with DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers, cache=False, epochs=8,
                     generator=torch.Generator().manual_seed(1)) as loader:
         got = [[torch.cat([x.flatten(1), y[:, None].float()], 1) for x, y in loader]]
         filling = loader._tuning.filling

@@ -447,26 +447,28 @@ def test_a_filled_cache_is_tried_before_any_worker_count() -> None:
 
 def test_a_candidate_that_hardly_waits_ends_the_search_for_loaders() -> None:
     # The filled cache read by a thread worker waits 2 % of the time: no worker count can win more
-    # than that, so none is tried; the finals take the cache against the baseline. With the same
-    # cache waiting 30 %, the worker counts are still explored.
+    # than that, so none is tried; the finals take the cache against the baseline. The same holds for
+    # a cache 100x faster that waits 90 % of its time in a loop that barely steps: its wait is under
+    # 1 % of the baseline's time per sample. With the cache 3x faster and waiting 30 %, the worker
+    # counts are still explored.
     space = replace(SPACE, pretransforms=("none", "ram"))
 
-    def serve(cache_wait: float) -> list[Candidate]:
+    def serve(cache_sps: float, cache_wait: float) -> list[Candidate]:
         ex = Explorer(space, BASE, Ledger(50_000, 10))
         served: list[Candidate] = []
         while (nxt := ex.next()) is not None and len(served) < 40:
             c, phase = nxt
             served.append(c)
-            sps, wait = (100.0, 0.75) if c == BASE else (300.0, cache_wait) if c.pretransform == "ram" \
+            sps, wait = (100.0, 0.75) if c == BASE else (cache_sps, cache_wait) if c.pretransform == "ram" \
                 else (150.0, 0.5)
             ex.record(Outcome(c, phase, measurement(sps, wait), samples=SAMPLES, wall_s=SAMPLES / sps))
         assert ex.decision is not None
         return served
 
-    quick = serve(0.02)
-    assert all(c.pretransform == "ram" or c == BASE or c.torch_threads is not None for c in quick), \
-        [c.label() for c in quick]
-    slow = serve(0.3)
+    for quick in (serve(300.0, 0.02), serve(10_000.0, 0.9)):
+        assert all(c.pretransform == "ram" or c == BASE or c.torch_threads is not None for c in quick), \
+            [c.label() for c in quick]
+    slow = serve(300.0, 0.3)
     assert any(c.pretransform == "none" and c.num_workers > 0 for c in slow), [c.label() for c in slow]
 
 

@@ -403,7 +403,8 @@ def test_a_lightning_fit_with_a_plain_dataloader_is_tuned(tmp_path: Path, nothin
     # Lightning stops asking after len(loader) batches; the epoch still ends and the loader settles.
     assert "best found:" in done.stderr, done.stderr
     assert any(said in done.stderr for said in (
-        "paste into the DataLoader(...) at fit.py", "ThreadDataLoader", "nothing to change in the script"))
+        "paste into the DataLoader(...) at fit.py", "ThreadDataLoader", "nothing to change in the script",
+        "use `from autotune import DataLoader` there"))
 
 
 HF_TRAIN = """\
