@@ -12,6 +12,7 @@ trial still ends on time because the main thread never waits on it without a lim
 from __future__ import annotations
 
 import contextlib
+import gc
 import glob
 import logging
 import math
@@ -273,8 +274,6 @@ _UNSAFE_FILES = _unsafe_files()
 
 def _in_unsafe_code(frame: Any) -> bool:
     """Whether ``frame`` or one of its callers runs code an exception must not cut short."""
-    import gc
-
     unraisable = {getattr(c, "__code__", None) for c in gc.callbacks}
     depth = 0
     while frame is not None and depth < 64:
