@@ -456,8 +456,12 @@ def test_decisions_quick_run_measures_the_folder_workload_as_a_script_writes_it(
 
 
 def test_decisions_refuses_an_unknown_workload_by_name() -> None:
+    import tempfile
+
     from benchmarks.scripts import decisions
 
+    before = set(Path(tempfile.gettempdir()).glob("autotune-decisions-*"))
     with pytest.raises(SystemExit) as exit_:
         decisions.main(["--quick", "--workloads", "folder,cifar"])
     assert exit_.value.code == 2  # argparse's usage error, with the message below on stderr
+    assert set(Path(tempfile.gettempdir()).glob("autotune-decisions-*")) == before  # no folder left

@@ -296,10 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(*args.child)))
         return 0
     fill_in(args, {"repeats": 1, "modes": "quiet"}, {"repeats": 3, "modes": "quiet,loaded"})
-    folder = out_folder(args, __file__, "autotune-decisions-")
-    folder.mkdir(parents=True, exist_ok=True)
     workloads = _chosen(parser, "--workloads", args.workloads, WORKLOADS)
     written = _chosen(parser, "--written", args.written, tuple(WRITTEN))
+    folder = out_folder(args, __file__, "autotune-decisions-")  # after the names: a refusal leaves none
+    folder.mkdir(parents=True, exist_ok=True)
     grid = ([(w, s) for w in workloads for s in written] if not args.quick
             else [(workloads[0] if args.workloads else "latency", written[0] if args.written else "nothing")])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
