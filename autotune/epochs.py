@@ -84,6 +84,16 @@
 # for a window; it may serve twice the share of the epoch other stretches may. Neither costs anything:
 # the baseline is what the user's loop would have run anyway.
 #
+# NOTE [ A whole epoch ]
+# Where the first stretch never found room for its window and served its epoch to the end (a short
+# epoch of many workers: 64 batches, 16 workers on 2 CPUs), no part of it reads the rate the loop
+# got. Its last items came from the queue with nothing left to make (the workers stop when the
+# sampler ends), so a window there reads the queue's drain, several times what the loader sustains,
+# and the queue correction (NOTE [ Queue-corrected windows ] in measure.py) cannot undo a swing as
+# large as the window. Such a stretch is measured whole: its start-up is the time to its first item,
+# its rate every later item over the time from the first to the last. Start-up plus the epoch at that
+# rate is the epoch as the user's loop had it, the queue made during start-up included once.
+
 # NOTE [ The search fills from its first stretch ]
 # Where a ram cache applies, the search's plan (its space, the probes that plan and prove the cache)
 # is made and the cache's fill started before its first stretch (``Tuning.start_filling``), so that
@@ -262,14 +272,19 @@ class Timeline:
             return span
         return self.warmup + self.measured() // 2, len(self.received) - 1
 
-    def measurement(self, build_s: float, workers: set[int]) -> Measurement | None:
+    def measurement(self, build_s: float, workers: set[int], *, epoch: bool = False) -> Measurement | None:
         """The window's measurement (``None``: too few items); ``workers``: the stretch's worker
-        processes, whose memory counts with the main process's."""
-        if self.drained() is None and self.measured() < self.enough():
+        processes, whose memory counts with the main process's; ``epoch``: the stretch served a whole
+        epoch, from its first item to its last, and is measured whole (NOTE [ A whole epoch ])."""
+        if epoch and len(self.received) > WARMUP_BATCHES + 1:
+            k, stop = 0, len(self.received) - 1
+            samples = sum(self.counts[1:])
+        elif self.drained() is None and self.measured() < self.enough():
             return None  # too few: the items made ready during start-up would flatter the rate
-        k, stop = self.window()
+        else:
+            k, stop = self.window()
+            samples = produced(sum(self.counts[k + 1:stop + 1]), stop - k, self.ready[k], self.ready[stop])
         wall = max(self.received[stop] - self.received[k], 1e-9)
-        samples = produced(sum(self.counts[k + 1:stop + 1]), stop - k, self.ready[k], self.ready[stop])
         waits = self.waits[k + 1:stop + 1]
         steps = self.steps[k:stop]  # the steps inside the window: the one after each item but its last
         return Measurement(
@@ -317,6 +332,8 @@ class Stretch:
         self.whole = whole
         self.private = private
         """Never the loader's held (persistent) inner loader: another iterator may be using it."""
+        self.from_start = feed is not None and feed.untouched()
+        """It starts at its epoch's first item."""
         self.offset = 0
         """Items of the inner loader's sampler served before this stretch (one it continues on)."""
         self.handed_over = False
@@ -515,12 +532,18 @@ class Stretch:
         if self.adopted_from is not None:
             self.disown()  # closed before taking over: the stretch it came from has it still
         if self.phase is not None and self.measurement is None and self.failure is None:
-            self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it))
+            self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it),
+                                                     epoch=self._whole_epoch())
         if keep:
             self.done = True
         else:
             self.release()
         self.close_s = time.perf_counter() - t0
+
+    def _whole_epoch(self) -> bool:
+        """Whether it served every item of its epoch, from the first (NOTE [ A whole epoch ])."""
+        return (self.from_start and self.offset == 0 and self.adopted_from is None
+                and self.feed is not None and self.feed.exhausted() and self._not_handed_out() == [])
 
     def keepable(self) -> bool:
         """Whether, run to its limit, it may keep its workers until the next stretch is known: they

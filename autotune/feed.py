@@ -53,6 +53,10 @@ class Feed:
         sampler may still yield more past its length: :meth:`drained` tells)."""
         return not self._back and (self._ended or (self._length is not None and self._pulled >= self._length))
 
+    def untouched(self) -> bool:
+        """Whether no item has left it yet (those drawn ahead by :meth:`prime` are back)."""
+        return self._pulled == len(self._back)
+
     def give_back(self, items: list[Any]) -> None:
         self._back.extendleft(reversed(items))
 

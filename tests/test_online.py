@@ -368,6 +368,38 @@ def test_a_short_window_counts_as_many_steps_as_batches() -> None:
     assert abs(m.samples_per_s / (64 / 0.03) - 1.0) < 0.02, m.samples_per_s
 
 
+def _epoch_of_bursts() -> tuple[Timeline, float]:
+    """The first stretch of a 64-batch epoch served by 16 workers (NOTE [ A whole epoch ]): rounds of
+    16 batches 0.15 s apart after a 0.6 s start-up, the last two rounds finished together (the workers
+    had nothing left to make), a 2 ms step; the workers' queue is read at every item."""
+    workers, step_s = 16, 0.002
+    made = [0.6 + 0.15 * min(i // workers, 2) for i in range(64)]
+    line = Timeline(backlog=2 * workers, workers=workers, window_s=0.3, settle_s=0.3,
+                    settle_items=len(made) - 1 - 2 * workers)
+    asked = 0.0
+    for i, at in enumerate(made):
+        got = max(asked, at)
+        if i == 0:
+            line.startup_s = got
+        line.item(asked, got, 32, sum(m <= got for m in made) - (i + 1))
+        line.steps.append(step_s)
+        asked = got + step_s
+    return line, asked
+
+
+def test_a_stretch_that_served_its_whole_epoch_is_measured_whole() -> None:
+    line, end = _epoch_of_bursts()
+
+    def epoch_s(m: Measurement | None) -> float:
+        assert m is not None
+        return m.startup_s + 64 * 32 / m.samples_per_s
+
+    # Its window reads the queue's drain at the epoch's end: an epoch a quarter shorter than it was.
+    assert epoch_s(line.measurement(build_s=0.0, workers=set())) < 0.8 * end
+    # Measured whole, start-up plus the epoch at its rate is the epoch the loop had.
+    assert abs(epoch_s(line.measurement(build_s=0.0, workers=set(), epoch=True)) / end - 1.0) < 0.03
+
+
 def _warming_timeline(settle_s: float, settle_items: int | None = None) -> tuple[Timeline, float]:
     """A main-process loop (every fetch waits) whose first second runs at half its later pace: 25
     batches of 40 ms, then 50 batches of 20 ms."""
