@@ -452,6 +452,8 @@ def test_decisions_quick_run_measures_the_folder_workload_as_a_script_writes_it(
     assert "error" not in run, run.get("error")
     assert (run["workload"], run["written"]) == ("folder", "w2")
     assert len(run["user_s"]) == len(run["tuned_s"]) and set(run["oracle_s"]) >= {"w=0", "w=2"}
+    rounds = run["plain_loop_rounds"]  # the returned choice beside the user's settings, round by round
+    assert rounds is None or (len(rounds) == 3 and run["plain_loop_speedup"] == sorted(rounds)[1])
     assert "| folder | w2 |" in (tmp_path / "DECISIONS.md").read_text()
 
 
