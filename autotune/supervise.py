@@ -16,6 +16,7 @@ import gc
 import glob
 import logging
 import math
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -599,6 +600,23 @@ def interrupt_held() -> Iterator[None]:
             previous(signum, frame)
 
 
+# NOTE [ A killed worker's temporary folder ]
+# A worker process that passes a tensor's storage to the main process (torch's file-descriptor
+# sharing) starts multiprocessing's resource sharer, whose socket lives in a temporary folder
+# (``pymp-*``) the process makes on first use and removes when it exits. A worker that is killed (the
+# watchdog's limits, the memory guard, a stopped search) runs no exit code, and its folder stays in
+# the temporary directory for good. A forked worker uses its parent's folder where the parent has one,
+# so the main process makes its own before workers start: the workers share it, and the main process
+# removes it at its exit, whatever became of them.
+
+
+def _share_temp_folder(loader: Any) -> None:
+    """See the NOTE: the main process's multiprocessing temporary folder, made before workers fork."""
+    if getattr(loader, "num_workers", 0) > 0:
+        with contextlib.suppress(OSError):
+            multiprocessing.util.get_temp_dir()
+
+
 def start_iterator(loader: Any) -> Any:
     """``iter(loader)``, leaving no worker process behind when it is cut short, and losing no Ctrl-C.
 
@@ -610,6 +628,7 @@ def start_iterator(loader: Any) -> Any:
     held until it is over (NOTE [ Ctrl-C at worker start ]), then stops the new iterator too.
     """
     it = None
+    _share_temp_folder(loader)
     try:
         with interrupt_held():
             try:

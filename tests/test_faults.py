@@ -582,6 +582,42 @@ def test_a_worker_that_hangs_is_stopped_by_the_batch_time_limit(clean: Path) -> 
     assert result.loader_kwargs["num_workers"] == 0
 
 
+_KILLED = """
+import contextlib, os, signal, sys, tempfile, time
+tempfile.tempdir = sys.argv[1]
+import torch
+from torch.utils.data import DataLoader, Dataset
+from autotune.supervise import start_iterator, stop_iterator, worker_pids
+
+class Rows(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return torch.zeros(1000)
+
+it = start_iterator(DataLoader(Rows(), batch_size=4, num_workers=2))
+next(it), next(it)  # each worker has passed a batch's storage to this process
+for pid in worker_pids(it):
+    os.kill(pid, signal.SIGKILL)
+with contextlib.suppress(RuntimeError):  # torch's SIGCHLD handler: the workers died
+    time.sleep(0.5)
+with contextlib.suppress(RuntimeError):
+    stop_iterator(it)
+"""
+
+
+def test_a_killed_worker_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    # NOTE [ A killed worker's temporary folder ] in supervise.py: a worker killed by a limit runs no
+    # exit code, and the folder of its resource sharer's socket stayed in the temporary directory.
+    script, temp = tmp_path / "killed.py", tmp_path / "tmp"
+    script.write_text(_KILLED)
+    temp.mkdir()
+    proc = subprocess.run([sys.executable, str(script), str(temp)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list(temp.glob("pymp-*"))
+
+
 def test_a_signal_is_held_back_where_its_error_would_be_lost() -> None:
     # NOTE [ Interrupting the main thread ]: raised inside a garbage collector's callback, a __del__
     # or a multiprocessing finalizer, the watchdog's or a worker death's error is only reported as
