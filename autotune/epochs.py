@@ -94,6 +94,18 @@
 # its rate every later item over the time from the first to the last. Start-up plus the epoch at that
 # rate is the epoch as the user's loop had it, the queue made during start-up included once.
 
+# NOTE [ The drain at a stretch's end ]
+# A stretch that ends without its window (it ran to its limit or to the epoch's end) is measured
+# when it closes. Its workers got no new items once its sampler stopped, at the limit or where the
+# epoch ended, so its last items came from their queue with nothing made meanwhile. A window over
+# that tail finds the queue full at its start and empty at its end, and the queue correction (NOTE
+# [ Queue-corrected windows ] in measure.py) counts the batches served as made before it: 16 workers
+# behind a step-bound loop read a third of the rate the loop got. Where the queue is read at every
+# item, that tail is
+# where each item left one batch fewer ready than the one before, to the end
+# (``Timeline.sustained_end``); the window ends before it where what is left before it is enough
+# for a window (``Timeline.enough``), and takes the tail in as before where it is not.
+
 # NOTE [ The search fills from its first stretch ]
 # Where a ram cache applies, the search's plan (its space, the probes that plan and prove the cache)
 # is made and the cache's fill started before its first stretch (``Tuning.start_filling``), so that
@@ -261,7 +273,18 @@ class Timeline:
         # What was made ready during start-up only flatters the rate, so a low one is real.
         return sum(self.counts[start + 1:]) / max(now - self.received[start], 1e-9) < threshold
 
-    def window(self) -> tuple[int, int]:
+    def sustained_end(self) -> int:
+        """The last item before the queue only drained: past it, each item left one batch fewer
+        ready and none was made (NOTE [ The drain at a stretch's end ])."""
+        j = len(self.ready) - 1
+        while j > 0:
+            now, before = self.ready[j], self.ready[j - 1]
+            if now is None or before is None or now != before - 1:
+                break
+            j -= 1
+        return j
+
+    def window(self, ended: bool = False) -> tuple[int, int]:
         """(the item it opens at, the last item in it) of the measured window: between two fetches
         that waited, else the later half of the measured items (NOTE [ Bursts ]). It closes when its
         last item arrives: from one arrival to another it holds as many fetches as steps, where
@@ -270,19 +293,25 @@ class Timeline:
         span = self.drained()
         if span is not None:
             return span
-        return self.warmup + self.measured() // 2, len(self.received) - 1
+        end = len(self.received) - 1
+        if ended and self.sustained_end() - self.warmup >= self.enough():
+            end = self.sustained_end()
+        return self.warmup + (end - self.warmup) // 2, end
 
-    def measurement(self, build_s: float, workers: set[int], *, epoch: bool = False) -> Measurement | None:
+    def measurement(self, build_s: float, workers: set[int], *, epoch: bool = False,
+                    ended: bool = False) -> Measurement | None:
         """The window's measurement (``None``: too few items); ``workers``: the stretch's worker
         processes, whose memory counts with the main process's; ``epoch``: the stretch served a whole
-        epoch, from its first item to its last, and is measured whole (NOTE [ A whole epoch ])."""
+        epoch, from its first item to its last, and is measured whole (NOTE [ A whole epoch ]);
+        ``ended``: the stretch has ended, and the queue's drain at its end is left out (NOTE [ The
+        drain at a stretch's end ])."""
         if epoch and len(self.received) > WARMUP_BATCHES + 1:
             k, stop = 0, len(self.received) - 1
             samples = sum(self.counts[1:])
         elif self.drained() is None and self.measured() < self.enough():
             return None  # too few: the items made ready during start-up would flatter the rate
         else:
-            k, stop = self.window()
+            k, stop = self.window(ended)
             samples = produced(sum(self.counts[k + 1:stop + 1]), stop - k, self.ready[k], self.ready[stop])
         wall = max(self.received[stop] - self.received[k], 1e-9)
         waits = self.waits[k + 1:stop + 1]
@@ -533,7 +562,7 @@ class Stretch:
             self.disown()  # closed before taking over: the stretch it came from has it still
         if self.phase is not None and self.measurement is None and self.failure is None:
             self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it),
-                                                     epoch=self._whole_epoch())
+                                                     epoch=self._whole_epoch(), ended=True)
         if keep:
             self.done = True
         else:

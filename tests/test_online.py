@@ -400,6 +400,24 @@ def test_a_stretch_that_served_its_whole_epoch_is_measured_whole() -> None:
     assert abs(epoch_s(line.measurement(build_s=0.0, workers=set(), epoch=True)) / end - 1.0) < 0.03
 
 
+def test_the_drain_at_a_stretch_s_end_is_left_out_of_its_window() -> None:
+    # NOTE [ The drain at a stretch's end ]: 16 workers keep 31 batches ready behind a 30 ms step,
+    # until the stretch's limit stops their sampler; its last 31 items empty the queue, one each.
+    line = Timeline(backlog=32, workers=16, window_s=0.0)
+    t = 0.0
+    for i in range(80):
+        line.item(t, t + 0.0001, 32, min(31, 79 - i))
+        line.steps.append(0.03)
+        t += 0.0301
+    pace = 32 / 0.0301
+    assert line.sustained_end() == 48
+    drained = line.measurement(build_s=0.0, workers=set())
+    # Without it, the tail's batches count as made before the window.
+    assert drained is not None and drained.samples_per_s < 0.5 * pace
+    m = line.measurement(build_s=0.0, workers=set(), ended=True)
+    assert m is not None and abs(m.samples_per_s / pace - 1.0) < 0.02, m.samples_per_s
+
+
 def _warming_timeline(settle_s: float, settle_items: int | None = None) -> tuple[Timeline, float]:
     """A main-process loop (every fetch waits) whose first second runs at half its later pace: 25
     batches of 40 ms, then 50 batches of 20 ms."""
