@@ -101,8 +101,7 @@
 # that tail finds the queue full at its start and empty at its end, and the queue correction (NOTE
 # [ Queue-corrected windows ] in measure.py) counts the batches served as made before it: 16 workers
 # behind a step-bound loop read a third of the rate the loop got. Where the queue is read at every
-# item, that tail is
-# where each item left one batch fewer ready than the one before, to the end
+# item, that tail is where each item left one batch fewer ready than the one before, to the end
 # (``Timeline.sustained_end``); the window ends before it where what is left before it is enough
 # for a window (``Timeline.enough``), and takes the tail in as before where it is not.
 
