@@ -293,8 +293,10 @@ class Timeline:
         if span is not None:
             return span
         end = len(self.received) - 1
-        if ended and self.sustained_end() - self.warmup >= self.enough():
-            end = self.sustained_end()
+        if ended:
+            sustained = self.sustained_end()
+            if sustained - self.warmup >= self.enough():
+                end = sustained
         return self.warmup + (end - self.warmup) // 2, end
 
     def measurement(self, build_s: float, workers: set[int], *, epoch: bool = False,
@@ -570,8 +572,10 @@ class Stretch:
 
     def _whole_epoch(self) -> bool:
         """Whether it served every item of its epoch, from the first (NOTE [ A whole epoch ])."""
-        return (self.from_start and self.offset == 0 and self.adopted_from is None
-                and self.feed is not None and self.feed.exhausted() and self._not_handed_out() == [])
+        # A stretch that continues another's loader, or starts ahead of its turn, finds the feed
+        # already drawn from: ``from_start`` rules both out.
+        return (self.from_start and self.feed is not None and self.feed.exhausted()
+                and self._not_handed_out() == [])
 
     def keepable(self) -> bool:
         """Whether, run to its limit, it may keep its workers until the next stretch is known: they
