@@ -138,6 +138,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from .decide import Failure, Phase
 from .feed import Feed, FeedSampler
+from .machine import CpuSnapshot, cpu_snapshot, loading_beside_step
 from .measure import (
     WARMUP_BATCHES,
     Measurement,
@@ -395,6 +396,9 @@ class Stretch:
         self.fetch_s = 0.0
         self.fetch_cpu_s = 0.0
         """Wall and main-thread CPU time of the fetches after the first (``Outcome.load_cpu_share``)."""
+        self.cpu_at_start: CpuSnapshot | None = None
+        self.beside_step: float | None = None
+        """``Outcome.loading_beside_step``, read once when the stretch's outcome is first asked for."""
         c = candidate
         backlog = c.num_workers * (c.prefetch_factor or 2) if c.num_workers else 0
         self.line = Timeline(backlog=backlog, workers=c.num_workers, window_s=window_s,
@@ -415,7 +419,7 @@ class Stretch:
 
     def start(self) -> None:
         """Build the inner loader and start it (its workers, its first prefetch)."""
-        self.started_at = time.perf_counter()
+        self._began()
         self._signals.enter_context(CHILD_SIGNAL.installed(defer_outside_fetch=True))
         try:
             self.inner, self.sampler, self.held, self.prepared = self.serving.inner_for(
@@ -444,7 +448,7 @@ class Stretch:
         """Serve on ``prev``'s inner loader after ``prev``'s last item: its workers keep their queue
         full across the boundary instead of new ones starting (NOTE [ Continuing a stretch ])."""
         assert prev.limit is not None and prev.sampler is not None
-        self.started_at = time.perf_counter()
+        self._began()
         self._signals.enter_context(CHILD_SIGNAL.installed(defer_outside_fetch=True))
         self.inner, self.sampler, self.held, self.prepared, self.it = (
             prev.inner, prev.sampler, prev.held, prev.prepared, prev.it)
@@ -532,10 +536,16 @@ class Stretch:
         self.sealed = True
         return True
 
+    def _began(self) -> None:
+        """The stretch's wall time counts from now; the user's settings also read the CPU times, to
+        tell whether their workers compete with the step (NOTE [ Loading beside the step ])."""
+        self.started_at = time.perf_counter()
+        self.cpu_at_start = cpu_snapshot() if self.baseline and self.phase is not None else None
+
     def take_over(self) -> None:
         """A stretch started ahead of its turn begins serving: its start-up is what the loop waits
         from now to its first item, and its wall time counts from now."""
-        self.started_at = time.perf_counter()
+        self._began()
         self.adopted_from = None
 
     def _measured_enough(self, now: float) -> bool:
@@ -615,10 +625,13 @@ class Stretch:
         if self.phase is None:
             return None
         m = None if self.interfered else self.measurement
+        if self.cpu_at_start is not None:
+            self.beside_step = loading_beside_step(self.cpu_at_start, cpu_snapshot())
+            self.cpu_at_start = None
         return Outcome(self.candidate, self.phase, m, self.failure, self.abandoned and not self.interfered,
                        self.samples, (self.last or time.perf_counter()) - self.started_at + self.close_s
                        if self.started_at else 0.0,
-                       self.fetch_cpu_s / self.fetch_s if self.fetch_s > 0 else None)
+                       self.fetch_cpu_s / self.fetch_s if self.fetch_s > 0 else None, self.beside_step)
 
     def remaining(self) -> int | None:
         return None if self.limit is None else max(0, self.limit - self.served - self.raised)

@@ -558,6 +558,9 @@ class CpuSnapshot:
     busy_s: float
     own_s: float
     cpus: int
+    main_s: float | None = None
+    """CPU seconds run by this process alone (its threads, not its children): NOTE [ Loading beside
+    the step ]."""
 
 
 def _busy_seconds(times: Any) -> float:
@@ -607,7 +610,9 @@ def cpu_snapshot() -> CpuSnapshot | None:
         else:
             busy = _busy_seconds(psutil.cpu_times())
         count = len(cpus) if cpus is not None else (os.cpu_count() or 1)
-        return CpuSnapshot(time.monotonic(), busy, own_cpu_seconds(), max(1, count))
+        own = own_cpu_seconds()
+        main = psutil.Process().cpu_times()
+        return CpuSnapshot(time.monotonic(), busy, own, max(1, count), main.user + main.system)
     except (OSError, psutil.Error, AttributeError):
         return None
 
@@ -621,3 +626,33 @@ def others_load(since: CpuSnapshot | None, now: CpuSnapshot | None = None) -> fl
         return None
     others = (now.busy_s - since.busy_s) - (now.own_s - since.own_s)
     return round(max(0.0, others / (now.at - since.at) / since.cpus), 2)
+
+
+# NOTE [ Loading beside the step ]
+# The share of the time a loop waits for data bounds what a faster loader can win only where the
+# loader's workers have CPUs of their own. Where the usable CPUs are all busy (a core taken by another
+# job on a 2-CPU machine, say), the workers' decoding takes CPU time the step would otherwise run on:
+# the step hardly waits, yet every step is slower by what the workers take. Over a stretch this is
+# the share of this process tree's CPU seconds run outside the main process (its worker processes,
+# living and ended) while the usable CPUs were busy at least SATURATED of the time; 0 where they were
+# not (the workers then ran on CPUs the step did not want). A ram cache removes that work, and it is
+# what the search tries there (NOTE [ Online search ] 2 in online.py).
+
+SATURATED = 0.9
+"""Usable CPUs busy this share of a window or more: whatever runs there competes for them."""
+
+
+def loading_beside_step(since: CpuSnapshot | None, now: CpuSnapshot | None) -> float | None:
+    """The share of this process tree's CPU run by its workers while every usable CPU was busy, 0
+    where the CPUs were not, rounded to 0.01 (NOTE [ Loading beside the step ]); ``None`` over a
+    window under MIN_LOAD_WINDOW_S or without readings."""
+    if (since is None or now is None or since.main_s is None or now.main_s is None
+            or now.at - since.at < MIN_LOAD_WINDOW_S):
+        return None
+    own = now.own_s - since.own_s
+    if own <= 0:
+        return None
+    if (now.busy_s - since.busy_s) / (now.at - since.at) / since.cpus < SATURATED:
+        return 0.0
+    workers = max(0.0, own - (now.main_s - since.main_s))
+    return round(min(1.0, workers / own), 2)

@@ -10,7 +10,12 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 #    loader can make the run faster by more than 1 / (1 - wait); only the torch thread counts are
 #    tried (on CPU-only machines the step's own threads compete with the workers), and where there are
 #    none the baseline is kept at once. A ram cache filling from the epoch stops filling: it could
-#    only win what the waiting costs.
+#    only win what the waiting costs. Unless the baseline's workers run beside the step on CPUs busy
+#    all the time (NOTE [ Loading beside the step ] in machine.py): where they take at least
+#    MIN_BESIDE_STEP_TO_EXPLORE of the run's CPU, the step is slower by what they take though it
+#    hardly waits. The cache removes their work: it keeps filling and is tried, then the torch
+#    thread counts (no other worker count: the work per sample is the same at any count); the loss
+#    bound (NOTE 4) weighs that share as it weighs the waiting.
 # 3. Otherwise ceil(L / S) workers (decide.estimate_workers) are tried with processes and threads,
 #    at most one per CPU left beside the step where the baseline's loading keeps a CPU busy
 #    (CPU_BOUND_LOAD: such a dataset only competes past one worker per core, NOTE [ Worker bound ]
@@ -86,6 +91,10 @@ UNSIZED_STRETCH = 64
 MIN_WAIT_TO_EXPLORE = 0.05
 """Below this share of waiting at the baseline, faster loading cannot pay for trying it (NOTE 2)."""
 
+MIN_BESIDE_STEP_TO_EXPLORE = 0.2
+"""Workers that take this share of the run's CPU on busy CPUs or more slow the step enough that the
+cache, which removes their work, is tried though the step hardly waits (NOTE 2)."""
+
 MAX_CANDIDATES = 8
 """Candidates explored at most before the finals (the estimate makes more rarely worth it)."""
 
@@ -149,6 +158,9 @@ class Outcome:
     load_cpu_share: float | None = None
     """The main thread's CPU time over the wall time of its fetches (``None``: not timed): near 1
     where loading in the main process computes, near 0 where it waits on storage or on workers."""
+    loading_beside_step: float | None = None
+    """The share of the run's CPU its worker processes took on busy CPUs (NOTE [ Loading beside the
+    step ] in machine.py; ``None``: not read, as for every candidate but the user's settings)."""
 
 
 @dataclass
@@ -178,6 +190,9 @@ class Explorer:
     estimated: bool = False
     nothing_to_win: bool = False
     """The baseline hardly waits for data (NOTE 2): no loader, and no cache, can pay for itself."""
+    beside_step: float = 0.0
+    """The share of the run's CPU the baseline's workers took beside a step on busy CPUs, where that
+    is what there is to win (NOTE 2); else 0."""
     neighbours_tried: bool = False
     caches_tried: bool = False
     threads_tried: bool = False
@@ -283,6 +298,15 @@ class Explorer:
                     self.baseline in self.ledger.by_candidate) else None
             return  # no window yet: the baseline is served again
         self.phase = "online"
+        beside = o.loading_beside_step or 0.0
+        if m.wait_fraction < MIN_WAIT_TO_EXPLORE and beside >= MIN_BESIDE_STEP_TO_EXPLORE and any(
+                c.pretransform == "ram" for c in self.cache_candidates()):
+            log.info("autotune: the step waits for data %.0f%% of the time with the baseline settings,"
+                     " but their workers take %.0f%% of the run's CPU on busy CPUs; the cache, which"
+                     " removes their work, is tried", 100 * m.wait_fraction, 100 * beside)
+            self.beside_step = beside
+            self.estimated = self.neighbours_tried = True
+            return
         if m.wait_fraction < MIN_WAIT_TO_EXPLORE:
             log.info("autotune: the step waits for data %.0f%% of the time with the baseline settings;"
                      " only the torch thread count can help", 100 * m.wait_fraction)
@@ -303,8 +327,8 @@ class Explorer:
         if projected is None:
             return True
         base = self.ledger.by_candidate[self.baseline][0].measurement
-        wait = base.wait_fraction if base is not None else 0.0
-        return self.loss_s <= max(EXPLORE_LOSS_FRACTION, EXPLORE_WIN_SHARE * wait) * projected
+        to_win = max(base.wait_fraction if base is not None else 0.0, self.beside_step)
+        return self.loss_s <= max(EXPLORE_LOSS_FRACTION, EXPLORE_WIN_SHARE * to_win) * projected
 
     def _nothing_left_to_win(self) -> None:
         """Where the best so far hardly waits for data, no other loader can be faster by more than

@@ -65,6 +65,7 @@ from .machine import CpuSnapshot, cpu_snapshot, others_load
 from .measure import Measurement
 from .online import (
     MAX_STRETCH_FRACTION,
+    MIN_BESIDE_STEP_TO_EXPLORE,
     MIN_STRETCH_WINDOW_S,
     MIN_WAIT_TO_EXPLORE,
     STRETCH_WINDOW_S,
@@ -240,6 +241,9 @@ class Tuning:
         """The CPU times when the latest search began: its result's load is read from them."""
         self.held_for_fill = False
         """Whether this epoch's search waits for the ram cache to fill (``filling_first``)."""
+        self.beside_step = 0.0
+        """The share of the run's CPU the user's settings' workers took on busy CPUs, last read
+        (NOTE [ Loading beside the step ] in machine.py)."""
         self.partial: tuple[tuple[int, int], TuneResult | None] | None = None
         """The last partial result and the measurements it was made of (history, ledger records)."""
 
@@ -359,6 +363,8 @@ class Tuning:
             self._start_search()
         assert self.explorer is not None
         _log_outcome(outcome, self.origin)
+        if outcome.loading_beside_step is not None:
+            self.beside_step = outcome.loading_beside_step
         self.explorer.record(outcome)
         if self.explorer.nothing_to_win and self.filling is not None:
             # No cache can make this run faster: the epochs stop paying to fill one.
@@ -473,11 +479,12 @@ class Tuning:
         m = o.measurement
         mine = (("failed", o.failure) if o.failure is not None
                 else ("ok", m.to_dict()) if m is not None else ("none", None))
-        gathered = ctx.gather((mine, o.load_cpu_share))
+        gathered = ctx.gather((mine, o.load_cpu_share, o.loading_beside_step))
         outcomes = [g[0] for g in gathered]
-        shares = [g[1] for g in gathered]
-        # CPU-bound only where every rank's loading is: the ranks must queue the same candidates.
-        o = replace(o, load_cpu_share=None if None in shares else min(s for s in shares if s is not None))
+        # CPU-bound, or loading beside the step, only where every rank's is: the ranks must queue
+        # the same candidates.
+        o = replace(o, load_cpu_share=_least([g[1] for g in gathered]),
+                    loading_beside_step=_least([g[2] for g in gathered]))
         failed = [(rank, failure) for rank, (kind, failure) in enumerate(outcomes) if kind == "failed"]
         if failed:
             rank, failure = failed[0]
@@ -719,7 +726,8 @@ class Tuning:
                 and self.settled.pretransform != "ram" and self.plan.epochs - self.epochs_done >= 2):
             self.challenged = True
             wait = self._settled_wait()
-            if wait is not None and wait < MIN_WAIT_TO_EXPLORE:
+            if wait is not None and wait < MIN_WAIT_TO_EXPLORE and not (
+                    self.settled == self.baseline and self.beside_step >= MIN_BESIDE_STEP_TO_EXPLORE):
                 # NOTE [ Online search ] 2 in online.py: a cache only shortens the loading, and the
                 # loop hardly waits for it; measuring the cache would cost more than it could win.
                 log.info("autotune: the loader at %s waits for data %.0f%% of the time on %s; its"
@@ -756,6 +764,11 @@ class Tuning:
             self._enter(Phase.SEARCHING_AGAIN,
                         "other configurations, the loop waiting longer for data than when it settled")
             self.explorer = None  # a new search, from the baseline
+
+
+def _least(shares: list[float | None]) -> float | None:
+    """The smallest of every rank's share; ``None`` where a rank has none."""
+    return None if None in shares else min(s for s in shares if s is not None)
 
 
 def _log_outcome(o: Outcome, origin: str) -> None:

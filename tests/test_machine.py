@@ -436,22 +436,30 @@ def _spin_then_wait(cpu_s: float, spun: Any, leave: Any) -> None:
     leave.wait(60)
 
 
+@contextlib.contextmanager
+def _child_spun(cpu_s: float) -> Iterator[Any]:
+    """A forked child that ran ``cpu_s`` CPU seconds and waits, alive, until the block ends; then it
+    ends and is joined."""
+    ctx = multiprocessing.get_context("fork")
+    spun, leave = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_spin_then_wait, args=(cpu_s, spun, leave))
+    child.start()
+    try:
+        assert spun.wait(60)
+        yield child
+    finally:
+        leave.set()
+        child.join(60)
+
+
 def test_own_cpu_counts_living_and_ended_children() -> None:
     # What this process's own workers run is not others' load (NOTE [ Others' load ]): a child's CPU
     # seconds count while it lives and after it ended. Spun by CPU time, a busy machine only slows it;
     # the kernel counts in ticks of 10 ms, hence the margin.
-    ctx = multiprocessing.get_context("fork")
-    spun, leave = ctx.Event(), ctx.Event()
     before = machine.own_cpu_seconds()
-    child = ctx.Process(target=_spin_then_wait, args=(0.5, spun, leave))
-    child.start()
-    try:
-        assert spun.wait(60)
+    with _child_spun(0.5) as child:
         assert child.is_alive()
         assert machine.own_cpu_seconds() - before >= 0.45
-    finally:
-        leave.set()
-        child.join(60)
     assert machine.own_cpu_seconds() - before >= 0.45
 
 
@@ -465,3 +473,23 @@ def test_others_load_is_the_usable_cpus_busy_time_less_this_process_s() -> None:
     live = machine.cpu_snapshot()
     if sys.platform.startswith("linux"):
         assert live is not None and live.cpus == len(os.sched_getaffinity(0))
+
+
+def test_loading_beside_the_step_is_the_workers_share_of_a_busy_machine() -> None:
+    since = machine.CpuSnapshot(at=0.0, busy_s=100.0, own_s=10.0, cpus=2, main_s=8.0)
+    now = machine.CpuSnapshot(at=10.0, busy_s=119.0, own_s=20.0, cpus=2, main_s=14.0)
+    # 10 CPU s run by the process tree, 6 of them by the main process: 40 % by its workers, on CPUs
+    # busy 95 % of the time (NOTE [ Loading beside the step ]).
+    assert machine.loading_beside_step(since, now) == 0.4
+    # CPUs busy 80 % of the time: the workers ran on CPUs the step did not want.
+    assert machine.loading_beside_step(since, dataclasses.replace(now, busy_s=116.0)) == 0.0
+    assert machine.loading_beside_step(since, dataclasses.replace(now, at=0.5)) is None
+    assert machine.loading_beside_step(dataclasses.replace(since, main_s=None), now) is None
+    # Read live: a child's CPU seconds are the tree's and not the main process's.
+    before = machine.cpu_snapshot()
+    with _child_spun(0.5):
+        pass
+    after = machine.cpu_snapshot()
+    if before is not None and after is not None:
+        assert before.main_s is not None and after.main_s is not None
+        assert (after.own_s - before.own_s) - (after.main_s - before.main_s) >= 0.45

@@ -27,8 +27,8 @@ def measurement(sps: float, wait: float) -> Measurement:
 
 
 def run(space: SearchSpace, rate: Callable[[Candidate], Iterator[float]], *, wait: float = 0.75,
-        dataset_len: int = 50_000, epochs: int = 10,
-        max_stretches: int = 80) -> tuple[Explorer, list[Candidate]]:
+        dataset_len: int = 50_000, epochs: int = 10, max_stretches: int = 80,
+        beside: float | None = None) -> tuple[Explorer, list[Candidate]]:
     """Serve the explorer's candidates until it decides; return it and what it served, in order."""
     ledger = Ledger(dataset_len, epochs)
     ex = Explorer(space, BASE, ledger)
@@ -42,7 +42,7 @@ def run(space: SearchSpace, rate: Callable[[Candidate], Iterator[float]], *, wai
         sps = next(rates.setdefault(c, rate(c)))
         served.append(c)
         ex.record(Outcome(c, phase, measurement(sps, wait if c == BASE else 0.1), samples=SAMPLES,
-                          wall_s=SAMPLES / sps))
+                          wall_s=SAMPLES / sps, loading_beside_step=beside if c == BASE else None))
     raise AssertionError(f"no decision after {max_stretches} stretches: {[c.label() for c in served]}")
 
 
@@ -75,6 +75,22 @@ def test_nothing_to_win_keeps_the_baseline_without_exploring() -> None:
     assert served == [BASE]  # no candidate was tried
     assert ex.decision.reason.startswith("the step waited for data 2.0% of the time")
     assert "nothing else was tried" in ex.decision.reason
+
+
+def test_workers_beside_a_busy_step_get_the_cache_tried() -> None:
+    # The baseline hardly waits (2 %), but its workers take 40 % of the run's CPU on CPUs busy all
+    # the time (NOTE [ Online search ] 2): the cache, which removes their work, is tried and wins;
+    # no other worker count is (the work per sample is the same at any count).
+    space = replace(SPACE, pretransforms=("none", "ram"))
+    def rate(c: Candidate) -> Iterator[float]:
+        return itertools.repeat(300.0 if c.pretransform == "ram" else 100.0)
+    ex, served = run(space, rate, wait=0.02, beside=0.4)
+    assert ex.decision is not None and ex.decision.chosen.candidate.pretransform == "ram"
+    assert ex.decision.verdict is not None and ex.decision.verdict.wins
+    assert all(c == BASE or c.pretransform == "ram" for c in served)
+    # The same loop where the workers take less of it: nothing to win, nothing tried.
+    ex, served = run(space, rate, wait=0.02, beside=0.1)
+    assert ex.decision is not None and ex.decision.kept_baseline and served == [BASE]
 
 
 def test_a_noisy_machine_keeps_the_baseline() -> None:
