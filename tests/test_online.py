@@ -434,6 +434,21 @@ def test_the_drain_at_a_stretch_s_end_is_left_out_of_its_window() -> None:
     assert m is not None and abs(m.samples_per_s / pace - 1.0) < 0.02, m.samples_per_s
 
 
+def test_a_drained_window_does_not_end_in_the_drain_at_a_stretch_s_end() -> None:
+    # NOTE [ The drain at a stretch's end ]: as above, and beside a busy core two fetches took 2 ms
+    # with the queue full behind them (item 20) or nothing left to make (the last): no window
+    # between them, which reads the tail's batches as made before it.
+    line = Timeline(backlog=32, workers=16, window_s=0.0)
+    t = 0.0
+    for i in range(64):
+        line.item(t, t + (0.002 if i in (20, 63) else 0.0001), 32, min(31, 63 - i))
+        line.steps.append(0.03)
+        t += 0.0301
+    assert line.drained() is None
+    m = line.measurement(build_s=0.0, workers=set())
+    assert m is not None and abs(m.samples_per_s / (32 / 0.0301) - 1.0) < 0.1, m.samples_per_s
+
+
 def _warming_timeline(settle_s: float, settle_items: int | None = None) -> tuple[Timeline, float]:
     """A main-process loop (every fetch waits) whose first second runs at half its later pace: 25
     batches of 40 ms, then 50 batches of 20 ms."""
