@@ -10,6 +10,7 @@ import importlib
 import json
 import math
 import runpy
+import statistics
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ import torch
 from test_imports import run_each_alone  # tests/ is on sys.path, as for conftest.py
 
 from autotune.space import Candidate
-from benchmarks.scripts import suite  # the checkout's root is on pytest's pythonpath (pyproject)
+from benchmarks.scripts import decisions, suite  # the checkout's root is on pytest's pythonpath (pyproject)
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
@@ -453,14 +454,13 @@ def test_decisions_quick_run_measures_the_folder_workload_as_a_script_writes_it(
     assert (run["workload"], run["written"]) == ("folder", "w2")
     assert len(run["user_s"]) == len(run["tuned_s"]) and set(run["oracle_s"]) >= {"w=0", "w=2"}
     rounds = run["plain_loop_rounds"]  # the returned choice beside the user's settings, round by round
-    assert rounds is None or (len(rounds) == 3 and run["plain_loop_speedup"] == sorted(rounds)[1])
+    assert rounds is None or (len(rounds) == decisions.PLAIN_ROUNDS
+                              and run["plain_loop_speedup"] == statistics.median(rounds))
     assert "| folder | w2 |" in (tmp_path / "DECISIONS.md").read_text()
 
 
 def test_decisions_refuses_an_unknown_workload_by_name() -> None:
     import tempfile
-
-    from benchmarks.scripts import decisions
 
     before = set(Path(tempfile.gettempdir()).glob("autotune-decisions-*"))
     with pytest.raises(SystemExit) as exit_:

@@ -16,9 +16,10 @@ Writes DECISIONS.md and decisions.json to ``benchmarks/results/decisions/`` (``-
 #    second timed), and the user's settings likewise: the best fixed configuration's gain;
 # 4. a plain loop over ``result.make_loader`` beside one with the user's settings: an epoch of each
 #    to warm up (the returned loader's cache fills), then PLAIN_ROUNDS rounds of an epoch of each,
-#    which goes first alternating; the median of the rounds' ratios is what the user's own loop gets
-#    from the returned choice, to hold the tuner's reported speed-up against. The best fixed gain is
-#    the larger of the oracle's and this (the worker grid holds no cache).
+#    which goes first alternating, so that each order is taken as often; the median of the rounds'
+#    ratios is what the user's own loop gets from the returned choice, to hold the tuner's reported
+#    speed-up against. The best fixed gain is the larger of the oracle's and this (the worker grid
+#    holds no cache).
 # The workloads: storage latency (1 ms a read), CPU-bound reads (0.6 ms), a step-bound loop (a 30 ms
 # step, nothing to win), an ImageFolder of PNG files with a fixed pipeline and a random flip, and rows
 # already in memory (a TensorDataset); each with nothing written and with 2, 4 and 16 workers written.
@@ -71,9 +72,11 @@ WRITTEN: dict[str, dict[str, Any]] = {
     "w16": {"num_workers": 16},
 }
 
-PLAIN_ROUNDS = 3
+PLAIN_ROUNDS = 6
 """Rounds of the plain-loop check (NOTE [ Decision power ] 4): one epoch each is a single pair of
-numbers on a shared machine; the median of three pairs side by side is not."""
+numbers on a shared machine. Beside a busy core one round of three read 17.5x where the other two
+read 11.7x and 10.4x, so three rounds leave the median to one pair; six, half of them in each order,
+do not."""
 
 FOLDER_IMAGES = 4096
 """PNG files of the ``folder`` workload (64 x 64, written by the child into a temporary folder): an
