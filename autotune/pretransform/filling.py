@@ -283,7 +283,11 @@ class Filler:
         batch and one fence for all (``store`` costs ~20 us a sample, more than a row of a few dozen
         numbers takes to load); whether all of ``indices`` are stored now."""
         wanted = np.asarray(indices, dtype=np.int64)
-        missing = np.unique(wanted[self._flags[wanted] == EMPTY])  # a batch may repeat an index
+        # A batch may repeat an index. Not np.unique: its first call imports numpy.ma, and in a
+        # worker forked from a parent that never made that call, that import costs each worker
+        # ~35 ms of CPU on its first batch (16 workers on 2 CPUs: a third of a second of the first
+        # stretch's start-up, counted again for every epoch in the score of workers that start anew).
+        missing = np.fromiter(dict.fromkeys(wanted[self._flags[wanted] == EMPTY].tolist()), dtype=np.int64)
         if len(missing):
             samples = [self.view[int(i)] for i in missing]
             is_seq = isinstance(samples[0], (tuple, list))
