@@ -7,10 +7,14 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 
 # NOTE [ Score ]
 # A candidate's score is the throughput of a whole training run of `epochs` epochs over N samples:
-#     score = epochs * N / (build_s + startup_s * (1 if persistent_workers else epochs)
+#     score = epochs * N / (build_s + (startup_s + stop_s) * (1 if persistent_workers else epochs)
 #                           + epochs * N / samples_per_s)
 # so a pre-transform cache pays its build once, workers that are not persistent pay their start-up
-# every epoch, and with batch sizes that differ the comparison is per sample, never per step.
+# and their stop every epoch, and with batch sizes that differ the comparison is per sample, never
+# per step. ``stop_s`` is the candidate's worker processes times the seconds one took to stop (torch
+# joins each at an epoch's end: 16 on 2 busy CPUs took 0.15 s, a sixth of a one-second epoch), as
+# the drop-in measured it on the workers it stopped (``Ledger.stop_cost``); 0 until it has, and for
+# thread workers and the offline study, whose windows take an epoch's end in as waiting.
 #
 # NOTE [ Decisions ]
 # 1. The baseline is what the user runs: the settings they wrote, or PyTorch's defaults where they
@@ -134,14 +138,16 @@ def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
     return value if df <= table[-1][0] else beyond
 
 
-def score(m: Measurement, c: Candidate, dataset_len: int | None, epochs: int) -> float:
-    """See NOTE [ Score ]."""
+def score(m: Measurement, c: Candidate, dataset_len: int | None, epochs: int,
+          stop_per_worker_s: float = 0.0) -> float:
+    """See NOTE [ Score ]; ``stop_per_worker_s``: the seconds one worker process takes to stop."""
     if m.samples_per_s <= 0:
         return 0.0
     if dataset_len is None:
         return m.samples_per_s
     startups = 1 if (c.persistent_workers and c.num_workers > 0) else epochs
-    total = m.build_s + m.startup_s * startups + epochs * dataset_len / m.samples_per_s
+    stop_s = c.num_workers * stop_per_worker_s if c.worker_kind == "process" else 0.0
+    total = m.build_s + (m.startup_s + stop_s) * startups + epochs * dataset_len / m.samples_per_s
     return epochs * dataset_len / total
 
 
@@ -315,17 +321,37 @@ class Ledger:
         self.user_errors: list[tuple[BaseException, Candidate]] = []
         self.best_sps = 0.0
         self.best_score = 0.0
+        self.stop_per_worker_s = 0.0
+        """The seconds one worker process takes to stop (NOTE [ Score ]); 0: not measured."""
 
     def record(self, c: Candidate, phase: Phase, state: TrialState, *, m: Measurement | None = None,
                reason: str | None = None, duration_s: float = 0.0) -> TrialRecord:
-        sc = score(m, c, self.dataset_len, self.epochs) if m is not None else None
+        sc = score(m, c, self.dataset_len, self.epochs, self.stop_per_worker_s) if m is not None else None
         rec = TrialRecord(len(self.records), phase, c, state, m, sc, reason, duration_s)
         self.records.append(rec)
-        if m is not None and sc is not None and state == "complete":
-            self.by_candidate.setdefault(c, []).append(rec)
+        self._count(rec)
+        return rec
+
+    def _count(self, rec: TrialRecord) -> None:
+        m, sc = rec.measurement, rec.score
+        if m is not None and sc is not None and rec.state == "complete":
+            self.by_candidate.setdefault(rec.candidate, []).append(rec)
             self.best_sps = max(self.best_sps, m.samples_per_s)
             self.best_score = max(self.best_score, sc)
-        return rec
+
+    def stop_cost(self, per_worker_s: float) -> None:
+        """Score every record, past and to come, with workers that take ``per_worker_s`` each to stop
+        (NOTE [ Score ]): the first stretches are recorded before any worker was stopped."""
+        if per_worker_s == self.stop_per_worker_s:
+            return
+        self.stop_per_worker_s = per_worker_s
+        self.records = [r if r.measurement is None else
+                        replace(r, score=score(r.measurement, r.candidate, self.dataset_len, self.epochs,
+                                               per_worker_s))
+                        for r in self.records]
+        self.by_candidate, self.best_sps, self.best_score = {}, 0.0, 0.0
+        for rec in self.records:
+            self._count(rec)
 
     def tried(self) -> set[Candidate]:
         return {r.candidate for r in self.records if r.state != "infeasible"}

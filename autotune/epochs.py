@@ -498,10 +498,13 @@ class Stretch:
         if self.serving.live_iterators() > 1:
             self.interfered = True
         cpu = time.thread_time()
+        stopping = self._stopping_workers()
         try:
             with CHILD_SIGNAL.fetching():
                 item = next(self.it)
         except StopIteration:
+            if stopping and self._stopping_workers() == 0:  # torch stopped them as their items ran out
+                self.serving.tuning.stopped(stopping, time.perf_counter() - now)
             self.done = True
             self.exhausted = self.limit is None or self.served + self.raised < self.limit
             raise
@@ -604,7 +607,10 @@ class Stretch:
         """Stop the inner iterator (unless held or handed over) and give back what was not served."""
         left = None if self.handed_over else self._not_handed_out()
         if self.it is not None and not self.held and not self.handed_over:
+            workers, t0 = self._stopping_workers(), time.perf_counter()
             stop_iterator(self.it)  # and what its workers left in /dev/shm
+            if workers:
+                self.serving.tuning.stopped(workers, time.perf_counter() - t0)
         if left is not None:
             assert self.feed is not None and self.sampler is not None
             self.feed.give_back(left)
@@ -612,6 +618,15 @@ class Stretch:
         self.it = None
         self.done = True
         self._signals.close()
+
+    def _stopping_workers(self) -> int:
+        """Worker processes that stopping the inner iterator would stop: torch's own iterator stops
+        those not persistent as an epoch's items run out, each epoch, and what that takes is scored
+        (NOTE [ Score ] in decide.py). 0: none running, or threads (they stop at once)."""
+        it = self.it
+        if it is None or self.candidate.worker_kind != "process" or getattr(it, "_shutdown", True):
+            return 0
+        return len(getattr(it, "_workers", ()))
 
     def _not_handed_out(self) -> list[Any] | None:
         """The items the inner loader took from the feed and never handed out (``None``: not known)."""

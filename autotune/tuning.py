@@ -230,6 +230,9 @@ class Tuning:
         """The decision the loader settled on last."""
         self.started_ahead = 0
         """Stretches whose workers started while the one before served its backlog (epochs.py)."""
+        self.stops: list[float] = []
+        """Seconds per worker process that each stop of an inner loader's workers took (NOTE
+        [ Score ] in decide.py)."""
         self.epoch_items: int | None = None
         """Items an epoch has (``None``: no length); a candidate needing more than half of them for
         one measurement is not tried."""
@@ -354,9 +357,17 @@ class Tuning:
         epoch_s = epoch_items * (m.samples / max(1, m.batches)) / max(m.samples_per_s, 1e-9)
         return min(STRETCH_WINDOW_S, max(MIN_STRETCH_WINDOW_S, epoch_s / STRETCHES_PER_EPOCH))
 
+    def stopped(self, workers: int, seconds: float) -> None:
+        """An inner loader's ``workers`` worker processes took ``seconds`` to stop."""
+        self.stops.append(seconds / workers)
+
     def record(self, outcome: Outcome) -> None:
+        stop = statistics.median(self.stops) if self.stops else 0.0
         if self.together:
-            outcome = self._agree(outcome)
+            outcome, stop = self._agree(outcome, stop)
+        # Before this outcome is scored: its workers, and those of every stretch before it, stop
+        # at each epoch's end as the user's would (NOTE [ Score ] in decide.py).
+        self.ledger.stop_cost(stop)
         if self.explorer is None:
             if outcome.measurement is None and outcome.failure is None:
                 return  # no window yet: the baseline serves again
@@ -472,14 +483,16 @@ class Tuning:
                        max_threads=plan.max_threads if self.threads_allowed else 0)
         return plan.space()
 
-    def _agree(self, o: Outcome) -> Outcome:
-        """Every rank ends the stretch with the same outcome (NOTE [ Exploring under torchrun ])."""
+    def _agree(self, o: Outcome, stop: float) -> tuple[Outcome, float]:
+        """Every rank ends the stretch with the same outcome, and scores it with the same workers'
+        stop, the slowest rank's (NOTE [ Exploring under torchrun ])."""
         ctx = self.plan.dist
         assert ctx is not None
         m = o.measurement
         mine = (("failed", o.failure) if o.failure is not None
                 else ("ok", m.to_dict()) if m is not None else ("none", None))
-        gathered = ctx.gather((mine, o.load_cpu_share, o.loading_beside_step))
+        gathered = ctx.gather((mine, o.load_cpu_share, o.loading_beside_step, stop))
+        stop = max(g[3] for g in gathered)
         outcomes = [g[0] for g in gathered]
         # CPU-bound, or loading beside the step, only where every rank's is: the ranks must queue
         # the same candidates.
@@ -488,11 +501,11 @@ class Tuning:
         failed = [(rank, failure) for rank, (kind, failure) in enumerate(outcomes) if kind == "failed"]
         if failed:
             rank, failure = failed[0]
-            return replace(o, failure=failure.on_rank(rank), measurement=None, abandoned=False)
+            return replace(o, failure=failure.on_rank(rank), measurement=None, abandoned=False), stop
         if all(kind == "ok" for kind, _ in outcomes):
             reduced = reduce_measurements([Measurement.from_dict(d) for _, d in outcomes])
-            return replace(o, measurement=reduced, abandoned=False)
-        return replace(o, measurement=None, abandoned=False)
+            return replace(o, measurement=reduced, abandoned=False), stop
+        return replace(o, measurement=None, abandoned=False), stop
 
     def decision_due(self) -> Decision | None:
         """The explorer's decision once it has one."""

@@ -216,3 +216,26 @@ def test_a_small_sure_gain_does_not_end_the_finals_early() -> None:
     # Sure at any confidence, but under MIN_GAIN: no win to end on.
     led = _paired([(103.0, 100.0), (103.1, 100.0)], log_se=0.001)
     assert not led.decided_early([FAST, BASE], BASE)
+
+
+def test_workers_that_stop_every_epoch_pay_their_stop_in_the_score() -> None:
+    # 4 epochs of 1,000 samples at 1,000 samples/s, 0.1 s to the first batch; 16 worker processes
+    # that take 10 ms each to stop. Not persistent: both every epoch; persistent: once; threads: none.
+    led = Ledger(dataset_len=1000, epochs=4)
+    stopping = Candidate(32, num_workers=16, prefetch_factor=2)
+    kept = Candidate(32, num_workers=16, prefetch_factor=2, persistent_workers=True)
+    threads = Candidate(32, num_workers=16, prefetch_factor=2, worker_kind="thread")
+    window = Measurement(samples_per_s=1000.0, busy=0.5, wait_fraction=0.5, step_ms=1.0, wait_ms=1.0,
+                         startup_s=0.1, batches=10, samples=320, window_s=1.0, peak_memory_bytes=0)
+    for c in (stopping, kept, threads, BASE):
+        led.record(c, "final", "complete", m=window)
+    before = {c: led.summarize(c).score for c in led.by_candidate}
+    assert before[stopping] == pytest.approx(4000 / (4 * 0.1 + 4))
+    led.stop_cost(0.01)  # measured after these were recorded: every record is scored again
+    after = {c: led.summarize(c).score for c in led.by_candidate}
+    assert after[stopping] == pytest.approx(4000 / (4 * (0.1 + 0.16) + 4))
+    assert after[kept] == pytest.approx(4000 / (0.1 + 0.16 + 4))
+    assert after[threads] == before[threads] and after[BASE] == before[BASE]
+    assert led.best_score == max(after.values())
+    led.record(stopping, "final", "complete", m=window)  # recorded after: scored with the stop
+    assert [r.score for r in led.by_candidate[stopping]] == pytest.approx([after[stopping]] * 2)

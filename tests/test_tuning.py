@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -264,3 +265,26 @@ class _CudaStandIn(torch.Tensor):
     @property
     def is_cuda(self) -> bool:  # type: ignore[override]
         return True
+
+
+def test_the_workers_stop_measured_is_scored_from_the_next_outcome_on() -> None:
+    # The first outcome is recorded before any worker stopped; once stops are timed, the next outcome
+    # scores every record with their median (NOTE [ Score ] in decide.py).
+    plan = make_plan(Indexed(), None, batch_size=16, budget_s=None, device="cpu", epochs=20,
+                     pretransform="none", max_workers=None, memory_budget_bytes=None,
+                     batch_timeout_s=None, shuffle=True, collate_fn=None, seed=0, read_samples=False)
+    user = Candidate(16, num_workers=4, prefetch_factor=2)
+    t = Tuning(plan, Fixed(), user, store_args=None, origin="train.py:1", reads_in_main=True,
+               threads_allowed=True)
+    t.record(Outcome(user, "baseline", measurement(1000.0), samples=640, wall_s=0.64))
+    (first,) = t.ledger.by_candidate[user]
+    assert t.ledger.stop_per_worker_s == 0.0 and first.score == pytest.approx(1000.0)
+    t.stopped(4, 0.04)
+    t.stopped(4, 0.2)  # one slow stop (an abandoned stretch's busy workers) does not set the cost
+    t.stopped(4, 0.04)
+    nxt = t.next_candidate()
+    assert nxt is not None
+    t.record(Outcome(nxt[0], nxt[1], measurement(1000.0), samples=640, wall_s=0.64))
+    assert t.ledger.stop_per_worker_s == pytest.approx(0.01)
+    (first,) = t.ledger.by_candidate[user]  # 20 epochs of 640 samples, each paying 4 x 10 ms to stop
+    assert first.score == pytest.approx(20 * 640 / (20 * 0.04 + 20 * 640 / 1000.0))
