@@ -585,7 +585,13 @@ def _live_children(pid: int) -> list[int]:
 
 def own_cpu_seconds() -> float:
     """CPU seconds run by this process and its descendants so far, ended descendants included."""
-    total, todo, seen = 0.0, [os.getpid()], set()
+    return _tree_cpu_seconds()[0]
+
+
+def _tree_cpu_seconds() -> tuple[float, float]:
+    """(``own_cpu_seconds``, the CPU seconds of this process alone), from one reading of each."""
+    me = os.getpid()
+    total, main, todo, seen = 0.0, 0.0, [me], set()
     while todo:
         pid = todo.pop()
         if pid in seen:
@@ -595,9 +601,11 @@ def own_cpu_seconds() -> float:
             t = psutil.Process(pid).cpu_times()
         except psutil.Error:
             continue
+        if pid == me:
+            main = t.user + t.system
         total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
         todo.extend(_live_children(pid))
-    return total
+    return total, main
 
 
 def cpu_snapshot() -> CpuSnapshot | None:
@@ -610,9 +618,8 @@ def cpu_snapshot() -> CpuSnapshot | None:
         else:
             busy = _busy_seconds(psutil.cpu_times())
         count = len(cpus) if cpus is not None else (os.cpu_count() or 1)
-        own = own_cpu_seconds()
-        main = psutil.Process().cpu_times()
-        return CpuSnapshot(time.monotonic(), busy, own, max(1, count), main.user + main.system)
+        own, main = _tree_cpu_seconds()
+        return CpuSnapshot(time.monotonic(), busy, own, max(1, count), main)
     except (OSError, psutil.Error, AttributeError):
         return None
 
