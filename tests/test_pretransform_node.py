@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -277,6 +278,28 @@ def test_a_changed_dataset_gets_a_new_cache_and_the_stale_one_is_removed(tmp_pat
     prepared = pt.prepare(ds, "ram", device=CPU, fill="pass")
     assert prepared.dataset.filler.node.path != old and prepared.fill_counts().filled == 0
     assert not os.path.exists(old)  # the stale cache is removed, never read
+
+
+def test_the_caches_of_a_profile_directory_that_is_gone_leave_memory(tmp_path: Path) -> None:
+    # Two runs, each from a profile directory of its own; one directory is deleted as the run ends
+    # (a temporary one). Its cache would stay in /dev/shm until the machine restarts: the next cache
+    # made on the node removes it, and keeps the cache whose directory is still there.
+    made = {}
+    for name in ("gone", "kept"):
+        (tmp_path / name).mkdir()
+        made[name] = Path(helper("epoch", "plain", env={"AUTOTUNE_CACHE_DIR": str(tmp_path / name)})["node"])
+    try:
+        for name, path in made.items():
+            assert path.exists() and path.parent.name.startswith(node._shm_prefix())
+            assert (path.parent / node.OWNER).read_text().strip() == str(tmp_path / name)
+        (tmp_path / "gone").rmdir()
+        prepared = pt.prepare(_plain(), "ram", device=CPU, fill="pass")  # a new cache, in this process
+        assert prepared.dataset.filler.node is not None
+        assert not made["gone"].parent.exists()  # its folder went with its cache
+        assert made["kept"].exists()
+    finally:
+        for path in made.values():
+            shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def test_the_cache_command_lists_and_clears(capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,6 +43,11 @@
 #    free space a private cache may take there (CACHE_SHM_FRACTION, NOTE [ Shared memory ] 4).
 #    Where there is none, or the folder cannot be written (read-only, full), the cache is private
 #    to the process, as before, with one warning.
+# 6. Orphans: a folder in /dev/shm is named for its profile cache directory and names it in an OWNER
+#    file. Runs made from a temporary profile directory (a benchmark's, a test harness's) delete it
+#    when they end, and their caches would stay in memory until the machine restarts: dozens of
+#    such runs left 19 GB of a 24 GB machine's RAM in /dev/shm. So before a new cache is made, the
+#    folders of this user whose owner is gone lose the caches no process maps (``sweep_orphans``).
 # AUTOTUNE_NODE_CACHE=off keeps every cache private.
 """
 
@@ -96,6 +101,8 @@ ALIGN = 4096
 SUFFIX = ".cache"
 LOCK_SUFFIX = ".lock"
 TMP_PREFIX = ".tmp-"
+OWNER = "OWNER"
+"""In a folder in /dev/shm: the profile cache directory it belongs to (NOTE [ Node caches ] 6)."""
 
 NODE_FRACTION = 0.5
 """Node caches of one folder take at most this share of its space and of the memory limit."""
@@ -139,9 +146,40 @@ def folders(cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
     tag = hashlib.sha256(str(base).encode()).hexdigest()[:12]
     out = []
     if os.path.isdir(SHM_DIR):
-        out.append(Path(SHM_DIR) / f"autotune-{os.getuid() if hasattr(os, 'getuid') else 0}-{tag}")
+        out.append(Path(SHM_DIR) / f"{_shm_prefix()}{tag}")
     out.append(base / "node-caches")
     return out
+
+
+def _shm_prefix() -> str:
+    """How this user's folders in /dev/shm are named, before their tag."""
+    return f"autotune-{os.getuid() if hasattr(os, 'getuid') else 0}-"
+
+
+def sweep_orphans() -> list[str]:
+    """Remove the caches no process maps from this user's folders in /dev/shm whose profile cache
+    directory is gone, and the folders left empty (NOTE [ Node caches ] 6). Returns the caches
+    removed."""
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(_shm_prefix())]
+    except OSError:
+        return removed
+    for name in names:
+        folder = Path(SHM_DIR) / name
+        try:
+            owner = (folder / OWNER).read_text().strip()
+        except OSError:
+            continue  # no owner named (made before owners were): whose it is cannot be told
+        if not owner or os.path.exists(owner):
+            continue
+        for entry in entries_in(folder):
+            if _remove_unused(Path(entry.path), f"its profile cache directory {owner} is gone"):
+                removed.append(entry.path)
+        with contextlib.suppress(OSError):
+            if not any(n.endswith(SUFFIX) or n.startswith(TMP_PREFIX) for n in os.listdir(folder)):
+                shutil.rmtree(folder, ignore_errors=True)
+    return removed
 
 
 def boot_id() -> str:
@@ -398,10 +436,13 @@ def place(
         found = _open(folder, key, specs, variable)
         if found is not None:
             return found
+    sweep_orphans()  # what runs from deleted profile directories left in memory goes first
+    owner = None if os.environ.get(NODE_DIR_ENV, "") else str(resolve_cache_dir(cache_dir))
     for folder in folders(cache_dir):
         if not _room(folder, size):
             continue
-        made = _create(folder, key, regions, size, lineage, detail, variable)
+        made = _create(folder, key, regions, size, lineage, detail, variable,
+                       owner if _in_shm(folder) else None)
         if made is not None:
             return made
     log.info("autotune: no node folder can hold a cache of %d bytes; it is private to this process", size)
@@ -466,10 +507,14 @@ def _open(folder: Path, key: str, specs: Sequence[Spec], variable: frozenset[str
 
 def _create(
     folder: Path, key: str, regions: list[Region], size: int, lineage: str | None, detail: str,
-    variable: frozenset[str],
+    variable: frozenset[str], owner: str | None = None,
 ) -> NodeFile | None:
+    """``owner``: the profile cache directory the folder belongs to, named in it (NOTE [ Node
+    caches ] 6)."""
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if owner is not None and not (folder / OWNER).exists():
+            (folder / OWNER).write_text(owner + "\n")
     except OSError as err:
         _warn_once(str(folder), f"the node cache folder {folder} cannot be made ({err}); caches there"
                    " stay private to each process")
@@ -671,6 +716,6 @@ def clear(cache_dir: Any = None) -> list[Entry]:
     for folder in folders(cache_dir):
         if _in_shm(folder):
             with contextlib.suppress(OSError):
-                if not any(n for n in os.listdir(folder) if not n.endswith(LOCK_SUFFIX)):
+                if not any(n for n in os.listdir(folder) if not n.endswith(LOCK_SUFFIX) and n != OWNER):
                     shutil.rmtree(folder, ignore_errors=True)
     return removed

@@ -43,6 +43,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from autotune.pretransform import node  # noqa: E402
 from benchmarks._common.harness import describe_machine, fill_in, load_average, out_folder  # noqa: E402
 from benchmarks._common.hog import cpu_hog  # noqa: E402
 from benchmarks.scripts.training import train  # noqa: E402
@@ -216,6 +217,7 @@ def _one(workload: str, written: str) -> dict[str, Any]:
         env = {**os.environ, "AUTOTUNE_CACHE_DIR": cache, "PYTHONWARNINGS": "ignore"}
         proc = subprocess.run([sys.executable, __file__, "--child", workload, written], env=env,
                               capture_output=True, text=True, timeout=900)
+        node.clear(cache)  # the run's node caches in /dev/shm go with its profile folder
     if proc.returncode != 0:
         return {"workload": workload, "written": written, "error": proc.stderr[-2000:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
