@@ -415,6 +415,9 @@ class Stretch:
                                            if settle and limit is not None else None))
         self.close_s = 0.0
         """What closing it took (its workers' exit): part of what it cost the loop."""
+        self.worker_processes = 0
+        """The inner iterator's worker processes, read as it starts serving: what an epoch's end
+        stops where they are not persistent (``_stopping_workers``)."""
         self._signals = contextlib.ExitStack()
 
     @property
@@ -435,6 +438,7 @@ class Stretch:
             # candidate's pickling failure is its reason, the baseline's the user's to see.
             with quiet_pickle_warning(None if self.baseline else self.inner):
                 self.it = start_iterator(self.inner)
+            self.worker_processes = self._stopping_workers()
         except Exception as err:
             if self.baseline:
                 raise
@@ -462,6 +466,7 @@ class Stretch:
         self.sampler.limit = None if self.limit is None else self.offset + self.limit
         prev.handed_over = True
         self.adopted_from = prev
+        self.worker_processes = prev.worker_processes
         resume_sampling(self.it)
 
     def disown(self) -> None:
@@ -498,13 +503,15 @@ class Stretch:
         if self.serving.live_iterators() > 1:
             self.interfered = True
         cpu = time.thread_time()
-        stopping = self._stopping_workers()
         try:
             with CHILD_SIGNAL.fetching():
                 item = next(self.it)
         except StopIteration:
-            if stopping and self._stopping_workers() == 0:  # torch stopped them as their items ran out
-                self.serving.tuning.stopped(stopping, time.perf_counter() - now)
+            # Workers running until this call and shut down now: torch stopped them as the epoch's
+            # items ran out.
+            if self.worker_processes and getattr(self.it, "_shutdown", False):
+                self.serving.tuning.stopped(self.worker_processes, time.perf_counter() - now)
+                self.worker_processes = 0
             self.done = True
             self.exhausted = self.limit is None or self.served + self.raised < self.limit
             raise

@@ -43,6 +43,7 @@ and what serves it (the inner loader kept, the thread count, the base seed) in `
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import logging
@@ -112,6 +113,10 @@ layout cannot hold are served from the source, correctly, at a negligible cost."
 LOAD_CHANGE = 0.5
 """A stored choice is measured again when the load per CPU differs by more than this from when it
 was made (half a core's worth of other work per core)."""
+
+STOPS_KEPT = 32
+"""The latest stops of workers whose median per worker is scored (NOTE [ Score ] in decide.py): a
+long run's stops weigh alike at a fixed cost."""
 
 
 class Phase(enum.Enum):
@@ -230,9 +235,9 @@ class Tuning:
         """The decision the loader settled on last."""
         self.started_ahead = 0
         """Stretches whose workers started while the one before served its backlog (epochs.py)."""
-        self.stops: list[float] = []
-        """Seconds per worker process that each stop of an inner loader's workers took (NOTE
-        [ Score ] in decide.py)."""
+        self.stops: collections.deque[float] = collections.deque(maxlen=STOPS_KEPT)
+        """Seconds per worker process that each of the latest stops of an inner loader's workers
+        took (NOTE [ Score ] in decide.py)."""
         self.epoch_items: int | None = None
         """Items an epoch has (``None``: no length); a candidate needing more than half of them for
         one measurement is not tried."""

@@ -17,7 +17,7 @@ from autotune.online import Outcome
 from autotune.plan import make_plan
 from autotune.result import TuneResult
 from autotune.space import Candidate
-from autotune.tuning import MIN_EPOCHS_BETWEEN_SEARCHES, SLOW_EPOCHS, Fixed, Phase, Tuning
+from autotune.tuning import MIN_EPOCHS_BETWEEN_SEARCHES, SLOW_EPOCHS, STOPS_KEPT, Fixed, Phase, Tuning
 
 BASE = Candidate(16)
 WORKERS = Candidate(16, num_workers=2, prefetch_factor=2, persistent_workers=True)
@@ -288,3 +288,9 @@ def test_the_workers_stop_measured_is_scored_from_the_next_outcome_on() -> None:
     assert t.ledger.stop_per_worker_s == pytest.approx(0.01)
     (first,) = t.ledger.by_candidate[user]  # 20 epochs of 640 samples, each paying 4 x 10 ms to stop
     assert first.score == pytest.approx(20 * 640 / (20 * 0.04 + 20 * 640 / 1000.0))
+    for _ in range(STOPS_KEPT):  # a long run's latest stops set the cost, at a fixed cost per record
+        t.stopped(4, 0.08)
+    nxt = t.next_candidate()
+    assert nxt is not None
+    t.record(Outcome(nxt[0], nxt[1], measurement(1000.0), samples=640, wall_s=0.64))
+    assert len(t.stops) == STOPS_KEPT and t.ledger.stop_per_worker_s == pytest.approx(0.02)

@@ -44,6 +44,7 @@ NOTE [ The reported speed-up, checked ]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -52,12 +53,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from autotune.pretransform import node  # noqa: E402
 from autotune.result import DEFAULT_EPOCHS as DROPIN_EPOCHS  # noqa: E402
 from benchmarks._common import harness  # noqa: E402
 from benchmarks._common.output import write_json  # noqa: E402
@@ -166,6 +169,17 @@ def _env(cache: Path) -> dict[str, str]:
     env["AUTOTUNE_CACHE_DIR"] = str(cache)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
+
+
+@contextlib.contextmanager
+def _clearing(work: Path) -> Iterator[None]:
+    """The runs' profile folders are ``cache*`` in ``work``: their node caches in /dev/shm go with
+    them (docs/caches.md), not at the next run's sweep."""
+    try:
+        yield
+    finally:
+        for folder in work.glob("cache*"):
+            node.clear(folder)
 
 
 def _run(argv: list[str], *, cwd: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str],
@@ -605,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick, "parts": parts, "machine": _machine(), "samples": args.samples,
         "epochs": args.epochs, "rounds": args.rounds,
     }
-    with tempfile.TemporaryDirectory(prefix="autotune-run-seed-work-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="autotune-run-seed-work-") as tmp, _clearing(Path(tmp)):
         work = Path(tmp)
         if "seed" in parts:
             tune_epochs = TUNE_EPOCHS if not args.quick else QUICK_TUNE_EPOCHS
