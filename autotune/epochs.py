@@ -134,6 +134,7 @@ import contextlib
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,7 +157,6 @@ from .serving import EpochSettings, Serving
 from .space import Candidate
 from .supervise import (
     CHILD_SIGNAL,
-    process_memory,
     ready_batches,
     resume_sampling,
     start_iterator,
@@ -306,10 +306,10 @@ class Timeline:
                 end = sustained
         return self.warmup + (end - self.warmup) // 2, end
 
-    def measurement(self, build_s: float, workers: set[int], *, epoch: bool = False,
+    def measurement(self, build_s: float, memory: Callable[[], int], *, epoch: bool = False,
                     ended: bool = False) -> Measurement | None:
-        """The window's measurement (``None``: too few items); ``workers``: the stretch's worker
-        processes, whose memory counts with the main process's; ``epoch``: the stretch served a whole
+        """The window's measurement (``None``: too few items); ``memory()``: what the main process and
+        the stretch's worker processes hold; ``epoch``: the stretch served a whole
         epoch, from its first item to its last, and is measured whole (NOTE [ A whole epoch ]);
         ``ended``: the stretch has ended, and the queue's drain at its end is left out (NOTE [ The
         drain at a stretch's end ])."""
@@ -334,7 +334,7 @@ class Timeline:
             batches=len(waits),
             samples=samples,
             window_s=wall,
-            peak_memory_bytes=process_memory(children=workers, alike=True),
+            peak_memory_bytes=memory(),
             build_s=build_s,
             log_se=window_log_se(self.received[k], self.received[k + 1:stop + 1],
                                  self.counts[k + 1:stop + 1], self.workers),
@@ -567,12 +567,16 @@ class Stretch:
     def _measured_enough(self, now: float) -> bool:
         if self.line.rate_below(self.abandon_below, now):
             self.abandoned = True
-            self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it))
+            self.measurement = self.line.measurement(self._build_s(), self._memory)
             return True
         if self.line.complete(now):
-            self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it))
+            self.measurement = self.line.measurement(self._build_s(), self._memory)
             return True
         return False
+
+    def _memory(self) -> int:
+        """What the main process and the stretch's workers hold (``Serving.memory``)."""
+        return self.serving.memory(self.candidate, lambda: worker_pids(self.it))
 
     def _build_s(self) -> float:
         """What building the candidate's cache cost (a stretch that only loads through a filling
@@ -588,7 +592,7 @@ class Stretch:
         if self.adopted_from is not None:
             self.disown()  # closed before taking over: the stretch it came from has it still
         if self.phase is not None and self.measurement is None and self.failure is None:
-            self.measurement = self.line.measurement(self._build_s(), worker_pids(self.it),
+            self.measurement = self.line.measurement(self._build_s(), self._memory,
                                                      epoch=self._whole_epoch(), ended=True)
         if keep:
             self.done = True

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import math
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -33,8 +34,14 @@ from . import pretransform as pt
 from .feed import Feed, FeedSampler
 from .measure import THREAD_COUNTS, build_loader
 from .space import Candidate
-from .supervise import stop_iterator
+from .supervise import process_memory, stop_iterator
 from .tuning import Tuning
+
+MEMORY_REREAD_S = 5.0
+"""A candidate's memory (the main process's and its workers', for its measurements) is read again
+once its last reading is this old. Reading a process's PSS takes milliseconds (4 ms for a process
+that imported torch, more as it holds more), in the user's loop, where a short epoch measures a
+stretch every few tenths of a second; what a candidate holds changes far more slowly."""
 
 
 @dataclass(frozen=True)
@@ -150,11 +157,22 @@ class Serving:
         """The generator's (or global RNG's) state before this epoch's base seed was drawn."""
         self.inner_loaders = 0
         """Inner loaders built in this epoch (each takes the base-seed draw one further)."""
+        self.memory_read: dict[Candidate, tuple[float, int]] = {}
+        """Each candidate's latest memory reading: when (monotonic), and the bytes."""
 
     @property
     def eager_start(self) -> bool:
         """Whether torch would start loading in ``iter()`` (worker processes written by the user)."""
         return self.user_workers > 0
+
+    def memory(self, c: Candidate, workers: Callable[[], set[int]]) -> int:
+        """What the main process and ``c``'s worker processes (``workers()``, alike) hold, read
+        again once the last reading of ``c`` is MEMORY_REREAD_S old."""
+        now = time.monotonic()
+        read = self.memory_read.get(c)
+        if read is None or now - read[0] >= MEMORY_REREAD_S:
+            read = self.memory_read[c] = (now, process_memory(children=workers(), alike=True))
+        return read[1]
 
     def live_iterators(self) -> int:
         return len(self.live)
@@ -295,7 +313,7 @@ class Serving:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("held", "live", "on_settled"):
+        for name in ("held", "live", "on_settled", "memory_read"):
             state.pop(name, None)
         return state
 
@@ -304,3 +322,4 @@ class Serving:
         self.held = Held()
         self.live = weakref.WeakSet()
         self.on_settled = _nothing
+        self.memory_read = {}

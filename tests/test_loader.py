@@ -600,6 +600,36 @@ def _in_stretches(monkeypatch: Any, size: int, *, measured: bool) -> None:
     monkeypatch.setattr(epochs, "start_epoch", start_epoch)
 
 
+def test_a_candidates_memory_is_read_once_in_a_while_not_at_each_measurement(
+        monkeypatch: Any, no_leaked_children: None) -> None:
+    # Reading a process's memory takes milliseconds, in the user's loop: one candidate measured
+    # stretch after stretch reads it once (within serving.MEMORY_REREAD_S), and every measurement
+    # carries that reading.
+    from autotune import epochs, serving
+
+    _in_stretches(monkeypatch, 12, measured=True)
+    monkeypatch.setattr(serving, "MEMORY_REREAD_S", 3600.0)
+    reads: list[int] = []
+    read = serving.process_memory
+    monkeypatch.setattr(serving, "process_memory", lambda **kw: reads.append(read(**kw)) or reads[-1])
+    peaks: list[int] = []
+    measurement = epochs.Timeline.measurement
+
+    def measured(self: Any, *args: Any, **kwargs: Any) -> Any:
+        m = measurement(self, *args, **kwargs)
+        if m is not None:
+            peaks.append(m.peak_memory_bytes)
+        return m
+
+    monkeypatch.setattr(epochs.Timeline, "measurement", measured)
+    with DataLoader(Whose(300, delay_s=0.001), batch_size=4, num_workers=2, cache=False,
+                    pretransform="none") as loader:
+        for _ in loader:
+            pass
+    assert len(peaks) >= 3
+    assert len(reads) == 1 and reads[0] > 0 and peaks == [reads[0]] * len(peaks)
+
+
 @pytest.mark.parametrize("measured", [False, True], ids=["run-to-limit", "sealed"])
 def test_stretches_of_the_same_settings_serve_on_the_same_workers(
         monkeypatch: Any, no_leaked_children: None, measured: bool) -> None:

@@ -360,7 +360,7 @@ def test_a_window_over_bursts_measures_whole_worker_cycles() -> None:
     workers, cycle_s = 7, 0.5
     arrivals = [0.6 + cycle_s * (i // workers) + 0.002 * (i % workers) for i in range(workers * 5)]
     line, end = _timeline_of(arrivals, step_s=0.005, backlog=2 * workers)
-    m = line.measurement(build_s=0.0, workers=set())
+    m = line.measurement(build_s=0.0, memory=lambda: 0)
     assert m is not None
     assert abs(m.samples_per_s / (64 * workers / cycle_s) - 1.0) < 0.05, m.samples_per_s
 
@@ -368,7 +368,7 @@ def test_a_window_over_bursts_measures_whole_worker_cycles() -> None:
 def test_a_loop_that_never_waits_is_measured_at_its_own_pace() -> None:
     # Batches always ready: the step sets the pace, and the window is the later half as before.
     line, end = _timeline_of([0.0] * 40, step_s=0.01, backlog=4)
-    m = line.measurement(build_s=0.0, workers=set())
+    m = line.measurement(build_s=0.0, memory=lambda: 0)
     assert m is not None
     assert abs(m.samples_per_s / (64 / 0.01) - 1.0) < 0.1, m.samples_per_s
     assert m.busy > 0.95
@@ -379,7 +379,7 @@ def test_a_short_window_counts_as_many_steps_as_batches() -> None:
     # asked for the next one, it counted a fifth step and read 20 % slow; closed at its last
     # arrival, it reads the step's own pace.
     line, _ = _timeline_of([0.0] * 10, step_s=0.03, backlog=0)
-    m = line.measurement(build_s=0.0, workers=set())
+    m = line.measurement(build_s=0.0, memory=lambda: 0)
     assert m is not None and m.batches == 4
     assert abs(m.samples_per_s / (64 / 0.03) - 1.0) < 0.02, m.samples_per_s
 
@@ -411,9 +411,9 @@ def test_a_stretch_that_served_its_whole_epoch_is_measured_whole() -> None:
         return m.startup_s + 64 * 32 / m.samples_per_s
 
     # Its window reads the queue's drain at the epoch's end: an epoch a quarter shorter than it was.
-    assert epoch_s(line.measurement(build_s=0.0, workers=set())) < 0.8 * end
+    assert epoch_s(line.measurement(build_s=0.0, memory=lambda: 0)) < 0.8 * end
     # Measured whole, start-up plus the epoch at its rate is the epoch the loop had.
-    assert abs(epoch_s(line.measurement(build_s=0.0, workers=set(), epoch=True)) / end - 1.0) < 0.03
+    assert abs(epoch_s(line.measurement(build_s=0.0, memory=lambda: 0, epoch=True)) / end - 1.0) < 0.03
 
 
 def test_the_drain_at_a_stretch_s_end_is_left_out_of_its_window() -> None:
@@ -427,10 +427,10 @@ def test_the_drain_at_a_stretch_s_end_is_left_out_of_its_window() -> None:
         t += 0.0301
     pace = 32 / 0.0301
     assert line.sustained_end() == 48
-    drained = line.measurement(build_s=0.0, workers=set())
+    drained = line.measurement(build_s=0.0, memory=lambda: 0)
     # Without it, the tail's batches count as made before the window.
     assert drained is not None and drained.samples_per_s < 0.5 * pace
-    m = line.measurement(build_s=0.0, workers=set(), ended=True)
+    m = line.measurement(build_s=0.0, memory=lambda: 0, ended=True)
     assert m is not None and abs(m.samples_per_s / pace - 1.0) < 0.02, m.samples_per_s
 
 
@@ -445,7 +445,7 @@ def test_a_drained_window_does_not_end_in_the_drain_at_a_stretch_s_end() -> None
         line.steps.append(0.03)
         t += 0.0301
     assert line.drained() is None
-    m = line.measurement(build_s=0.0, workers=set())
+    m = line.measurement(build_s=0.0, memory=lambda: 0)
     assert m is not None and abs(m.samples_per_s / (32 / 0.0301) - 1.0) < 0.1, m.samples_per_s
 
 
@@ -468,12 +468,12 @@ def test_the_first_stretch_is_measured_after_the_process_warmed_up() -> None:
     later = 64 / 0.02
     line, end = _warming_timeline(settle_s=1.0)
     assert line.warmup == 26  # the first item served a second after the first
-    m = line.measurement(build_s=0.0, workers=set())
+    m = line.measurement(build_s=0.0, memory=lambda: 0)
     assert m is not None
     assert abs(m.samples_per_s / later - 1.0) < 0.05, m.samples_per_s
     # Measured from its start, as every other stretch is, the window takes in the slow first second.
     plain, end = _warming_timeline(settle_s=0.0)
-    slow = plain.measurement(build_s=0.0, workers=set())
+    slow = plain.measurement(build_s=0.0, memory=lambda: 0)
     assert slow is not None and slow.samples_per_s < 0.8 * later
 
 
@@ -489,7 +489,7 @@ def test_a_stretch_still_settling_in_has_measured_nothing() -> None:
         line.item(0.1 * i, 0.1 * i + 0.01, 8)
     assert line.measured() == 0
     assert not line.complete(2.0)
-    assert line.measurement(build_s=0.0, workers=set()) is None
+    assert line.measurement(build_s=0.0, memory=lambda: 0) is None
 
 
 def test_a_cache_in_shared_memory_is_also_read_by_a_worker_process_per_cpu() -> None:
