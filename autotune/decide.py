@@ -145,10 +145,28 @@ def score(m: Measurement, c: Candidate, dataset_len: int | None, epochs: int,
         return 0.0
     if dataset_len is None:
         return m.samples_per_s
+    return epochs * dataset_len / sum(_run_seconds(m, c, dataset_len, epochs, stop_per_worker_s))
+
+
+def waiting_share(m: Measurement, c: Candidate, dataset_len: int | None, epochs: int,
+                  stop_per_worker_s: float = 0.0) -> float:
+    """The share of a run on ``c`` (measured ``m``) in which the loop does not step: its waits between
+    batches, and its cache's build and its workers' start-ups and stops (NOTE [ Score ]). No loader
+    can make that run faster by more than this share of it; an evaluation loader of a few batches
+    that starts 16 workers every epoch waits mostly for them to start."""
+    if m.samples_per_s <= 0 or dataset_len is None:
+        return m.wait_fraction
+    fixed, batches = _run_seconds(m, c, dataset_len, epochs, stop_per_worker_s)
+    return (fixed + batches * m.wait_fraction) / (fixed + batches)
+
+
+def _run_seconds(m: Measurement, c: Candidate, dataset_len: int, epochs: int,
+                 stop_per_worker_s: float) -> tuple[float, float]:
+    """A run's seconds (NOTE [ Score ]): its cache's build and its workers' start-ups and stops, and
+    its epochs' batches."""
     startups = 1 if (c.persistent_workers and c.num_workers > 0) else epochs
     stop_s = c.num_workers * stop_per_worker_s if c.worker_kind == "process" else 0.0
-    total = m.build_s + (m.startup_s + stop_s) * startups + epochs * dataset_len / m.samples_per_s
-    return epochs * dataset_len / total
+    return m.build_s + (m.startup_s + stop_s) * startups, epochs * dataset_len / m.samples_per_s
 
 
 def estimate_workers(baseline: Measurement, bound: int) -> int:

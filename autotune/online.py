@@ -6,7 +6,9 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 # NOTE [ Online search ]
 # 1. The first stretch serves the baseline (what the user wrote, or PyTorch's defaults): its wait and
 #    step per batch give the load time L and step time S.
-# 2. Nothing to win: when the baseline waits for data less than MIN_WAIT_TO_EXPLORE of the time, no
+# 2. Nothing to win: when the baseline's run waits for data less than MIN_WAIT_TO_EXPLORE of its
+#    time (between batches, and while its workers start and stop: ``decide.waiting_share``; an
+#    evaluation loader of a few batches that starts 16 workers each epoch mostly waits for them), no
 #    loader can make the run faster by more than 1 / (1 - wait); only the torch thread counts are
 #    tried (on CPU-only machines the step's own threads compete with the workers), and where there are
 #    none the baseline is kept at once. A ram cache filling from the epoch stops filling: it could
@@ -64,7 +66,17 @@ from typing import Any
 
 import torch
 
-from .decide import FINALISTS, PRUNE_RATIO, TIE_TOLERANCE, Decision, Failure, Ledger, Phase, estimate_workers
+from .decide import (
+    FINALISTS,
+    PRUNE_RATIO,
+    TIE_TOLERANCE,
+    Decision,
+    Failure,
+    Ledger,
+    Phase,
+    estimate_workers,
+    waiting_share,
+)
 from .measure import WARMUP_BATCHES, Measurement
 from .space import Candidate, SearchSpace, WorkerKind
 
@@ -299,17 +311,18 @@ class Explorer:
             return  # no window yet: the baseline is served again
         self.phase = "online"
         beside = o.loading_beside_step or 0.0
-        if m.wait_fraction < MIN_WAIT_TO_EXPLORE and beside >= MIN_BESIDE_STEP_TO_EXPLORE and any(
+        wait = self._waiting(m)
+        if wait < MIN_WAIT_TO_EXPLORE and beside >= MIN_BESIDE_STEP_TO_EXPLORE and any(
                 c.pretransform == "ram" for c in self.cache_candidates()):
-            log.info("autotune: the step waits for data %.0f%% of the time with the baseline settings,"
+            log.info("autotune: the loop waits for data %.0f%% of the run with the baseline settings,"
                      " but their workers take %.0f%% of the run's CPU on busy CPUs; the cache, which"
-                     " removes their work, is tried", 100 * m.wait_fraction, 100 * beside)
+                     " removes their work, is tried", 100 * wait, 100 * beside)
             self.beside_step = beside
             self.estimated = self.neighbours_tried = True
             return
-        if m.wait_fraction < MIN_WAIT_TO_EXPLORE:
-            log.info("autotune: the step waits for data %.0f%% of the time with the baseline settings;"
-                     " only the torch thread count can help", 100 * m.wait_fraction)
+        if wait < MIN_WAIT_TO_EXPLORE:
+            log.info("autotune: the loop waits for data %.0f%% of the run with the baseline settings;"
+                     " only the torch thread count can help", 100 * wait)
             self.estimated = self.neighbours_tried = self.caches_tried = self.nothing_to_win = True
             return
         self.estimated = True
@@ -327,8 +340,14 @@ class Explorer:
         if projected is None:
             return True
         base = self.ledger.by_candidate[self.baseline][0].measurement
-        to_win = max(base.wait_fraction if base is not None else 0.0, self.beside_step)
+        to_win = max(self._waiting(base) if base is not None else 0.0, self.beside_step)
         return self.loss_s <= max(EXPLORE_LOSS_FRACTION, EXPLORE_WIN_SHARE * to_win) * projected
+
+    def _waiting(self, m: Measurement) -> float:
+        """The share of the run the baseline's loop waits for data, its workers' start-ups and stops
+        included (``decide.waiting_share``)."""
+        return waiting_share(m, self.baseline, self.ledger.dataset_len, self.ledger.epochs,
+                             self.ledger.stop_per_worker_s)
 
     def _nothing_left_to_win(self) -> None:
         """Where the best so far hardly waits for data, no other loader can be faster by more than
@@ -559,6 +578,6 @@ class Explorer:
         m = base[0].measurement if base else None
         if self.nothing_to_win and decision.challenger is None and m is not None:
             decision = replace(decision, reason=(
-                f"the step waited for data {m.wait_fraction:.1%} of the time with the baseline settings:"
+                f"the loop waited for data {self._waiting(m):.1%} of the run with the baseline settings:"
                 " no loader can make the run faster, so nothing else was tried"))
         self.decision = decision

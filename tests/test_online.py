@@ -20,18 +20,19 @@ SAMPLES = 3200
 """Samples each stand-in stretch serves."""
 
 
-def measurement(sps: float, wait: float) -> Measurement:
+def measurement(sps: float, wait: float, startup_s: float = 0.0) -> Measurement:
     return Measurement(samples_per_s=sps, busy=1 - wait, wait_fraction=wait, step_ms=10.0,
-                       wait_ms=10.0 * wait / max(1e-9, 1 - wait), startup_s=0.0, batches=100,
+                       wait_ms=10.0 * wait / max(1e-9, 1 - wait), startup_s=startup_s, batches=100,
                        samples=SAMPLES, window_s=SAMPLES / sps, peak_memory_bytes=0)
 
 
 def run(space: SearchSpace, rate: Callable[[Candidate], Iterator[float]], *, wait: float = 0.75,
         dataset_len: int = 50_000, epochs: int = 10, max_stretches: int = 80,
-        beside: float | None = None) -> tuple[Explorer, list[Candidate]]:
+        beside: float | None = None, base: Candidate = BASE,
+        base_startup_s: float = 0.0) -> tuple[Explorer, list[Candidate]]:
     """Serve the explorer's candidates until it decides; return it and what it served, in order."""
     ledger = Ledger(dataset_len, epochs)
-    ex = Explorer(space, BASE, ledger)
+    ex = Explorer(space, base, ledger)
     rates: dict[Candidate, Iterator[float]] = {}
     served: list[Candidate] = []
     for _ in range(max_stretches):
@@ -41,8 +42,9 @@ def run(space: SearchSpace, rate: Callable[[Candidate], Iterator[float]], *, wai
         c, phase = nxt
         sps = next(rates.setdefault(c, rate(c)))
         served.append(c)
-        ex.record(Outcome(c, phase, measurement(sps, wait if c == BASE else 0.1), samples=SAMPLES,
-                          wall_s=SAMPLES / sps, loading_beside_step=beside if c == BASE else None))
+        m = measurement(sps, wait, base_startup_s) if c == base else measurement(sps, 0.1)
+        ex.record(Outcome(c, phase, m, samples=SAMPLES, wall_s=SAMPLES / sps,
+                          loading_beside_step=beside if c == base else None))
     raise AssertionError(f"no decision after {max_stretches} stretches: {[c.label() for c in served]}")
 
 
@@ -73,8 +75,23 @@ def test_nothing_to_win_keeps_the_baseline_without_exploring() -> None:
     ex, served = run(SPACE, steady({"base": 100.0, "process": 400.0}), wait=0.02)
     assert ex.decision is not None and ex.decision.kept_baseline
     assert served == [BASE]  # no candidate was tried
-    assert ex.decision.reason.startswith("the step waited for data 2.0% of the time")
+    assert ex.decision.reason.startswith("the loop waited for data 2.0% of the run")
     assert "nothing else was tried" in ex.decision.reason
+
+
+def test_a_loader_that_waits_for_its_workers_to_start_has_something_to_win() -> None:
+    # An evaluation loader of 7 batches with 16 workers written: between batches it waits 1 %, but
+    # its workers take 0.4 s to start every epoch, a fifth of its run. Fewer workers start faster.
+    # Kept alive, the same workers start once in ten epochs: 2 % of the run, nothing to win.
+    base = Candidate(32, num_workers=16, prefetch_factor=2)
+    ex, served = run(SPACE, lambda c: itertools.repeat(137.0 if c == base else 200.0), wait=0.01,
+                     dataset_len=224, epochs=10, base=base, base_startup_s=0.4)
+    assert set(served) != {base}
+    assert ex.decision is not None and "nothing else was tried" not in ex.decision.reason
+    kept = replace(base, persistent_workers=True)
+    ex, served = run(SPACE, lambda c: itertools.repeat(137.0 if c == kept else 200.0), wait=0.01,
+                     dataset_len=224, epochs=10, base=kept, base_startup_s=0.4)
+    assert served == [kept] and ex.decision is not None and "nothing else was tried" in ex.decision.reason
 
 
 def test_workers_beside_a_busy_step_get_the_cache_tried() -> None:
