@@ -36,9 +36,12 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    is tested on the logarithms of every repeated measurement, with the noise from the spread of
 #    the repeats themselves (the pooled variance of each candidate's measurements around its own
 #    mean). Either way the noise is measured, not assumed. The one-sided lower bound of the ratio at
-#    CONFIDENCE must be above 1, and the ratio itself, and the ratio of the median scores that the
-#    speed-up reports, at least 1 + MIN_GAIN (a confident gain of a few percent is not worth changing
-#    what the user runs); otherwise the baseline is kept.
+#    CONFIDENCE must be at least 1 + MIN_GAIN, and so must the ratio of the median scores that the
+#    speed-up reports (a gain of a few percent is not worth changing what the user runs); otherwise
+#    the baseline is kept. The bound, not the ratio, must clear MIN_GAIN: the pick is the best of
+#    several, so its ratio leans high, and a true gain of 3-4 % read 1.06x and 1.11x with bounds of
+#    1.01-1.05 (the decision benchmark's in-memory rows, nothing written). With the bound, a gain
+#    under MIN_GAIN changes what the user runs at most as often as the confidence allows.
 #    Without repeats there is no noise estimate and no confident win. The interval is reported with
 #    the speed-up: its two one-sided CONFIDENCE bounds, together a two-sided interval of
 #    2 * CONFIDENCE - 1 (90 %).
@@ -289,8 +292,19 @@ class Verdict:
     degrees_of_freedom: int
 
     @property
-    def wins(self) -> bool:
+    def faster(self) -> bool:
+        """Faster than the baseline with confidence, perhaps by too little to be worth a change."""
         return self.low > 1.0
+
+    @property
+    def wins(self) -> bool:
+        """Faster than the baseline by at least MIN_GAIN with confidence: what replacing it takes."""
+        return self.low >= 1.0 + MIN_GAIN
+
+    @property
+    def open(self) -> bool:
+        """Neither a win nor ruled out as one: more measuring could still show a gain of MIN_GAIN."""
+        return not self.wins and self.high >= 1.0 + MIN_GAIN
 
     @property
     def loses(self) -> bool:
@@ -324,8 +338,7 @@ class Decision:
         """The baseline kept while the best challenger measured ahead of it by more than a tie, but
         not with confidence: more measuring could still show it faster (or not)."""
         v = self.verdict
-        return (self.kept_baseline and v is not None and v.ratio >= 1.0 + MIN_GAIN and not v.wins
-                and v.high > 1.0)
+        return self.kept_baseline and v is not None and v.ratio >= 1.0 + MIN_GAIN and v.open
 
 
 class Ledger:
@@ -544,8 +557,10 @@ class Ledger:
         if self._wins(verdict, challenger, base):
             return Decision(challenger, base, challenger, verdict,
                             f"{challenger.candidate.label()} beats the baseline: {verdict.describe()}")
-        why = (f"faster by less than {MIN_GAIN:.0%}: not worth a change" if verdict.wins
-               else f"not a win at {verdict.confidence:.0%} confidence")
+        if verdict.ratio < 1.0 + MIN_GAIN or verdict.wins:  # the latter: by its reported score
+            why = f"faster by less than {MIN_GAIN:.0%}: not worth a change"
+        else:
+            why = f"not {MIN_GAIN:.0%} faster at {verdict.confidence:.0%} confidence"
         kept = Decision(base, base, challenger, verdict,
                         f"kept the baseline: the best other configuration, {challenger.candidate.label()},"
                         f" measured {verdict.describe()}, {why}")
@@ -561,12 +576,14 @@ class Ledger:
     def rounds_to_decide(self, c: Candidate, baseline: Candidate,
                          verdict: Verdict) -> tuple[int, float] | None:
         """(rounds, seconds) more of ``c`` and ``baseline`` side by side after which ``verdict``'s
-        ratio, if it held, would be a win: its interval narrows as the square root of the rounds.
-        ``None`` where it measured no better than the baseline, or has no interval to narrow."""
-        if verdict.ratio <= 1.0 or verdict.wins or verdict.low <= 0.0 or not math.isfinite(verdict.high):
+        ratio, if it held, would be a win: its interval narrows as the square root of the rounds, and
+        its lower end must reach 1 + MIN_GAIN. ``None`` where it measured less than that, or has no
+        interval to narrow."""
+        gain = 1.0 + MIN_GAIN
+        if verdict.ratio <= gain or verdict.wins or verdict.low <= 0.0 or not math.isfinite(verdict.high):
             return None
         n = max(1, min(self.measured(c), self.measured(baseline)))
-        needed = n * (math.log(verdict.ratio / verdict.low) / math.log(verdict.ratio)) ** 2
+        needed = n * (math.log(verdict.ratio / verdict.low) / math.log(verdict.ratio / gain)) ** 2
         rounds = max(1, math.ceil(needed - n))
         per_round = sum(statistics.median(r.duration_s for r in self.by_candidate[x])
                         for x in (c, baseline))

@@ -569,7 +569,7 @@ class Explorer:
         decision = self.ledger.decide(self.finalists or [self.baseline], self.baseline)
         verdict = decision.verdict
         played = sum(1 for r in self.ledger.records if r.phase == self.phase and r.candidate == self.baseline)
-        undecided = verdict is not None and not verdict.wins and not verdict.loses and verdict.ratio > 1.0
+        undecided = verdict is not None and verdict.open and verdict.ratio > 1.0
         if undecided and self.phase == "final" and played < MAX_FINAL_ROUNDS:
             self._start_rounds(1, "final")  # one more round while the verdict is open
             if self.rounds:

@@ -82,7 +82,7 @@ class TuneResult:
     training run of ``epochs`` epochs goes than with the baseline, start-up and any pre-transform
     build included (NOTE [ Score ] in decide.py), and ``speedup_low`` and ``speedup_high`` its bounds,
     each one-sided at ``confidence`` (NOTE [ Decisions ]); ``throughput_speedup`` is the ratio of steady-state
-    samples/s alone. A configuration replaces the baseline only when the whole interval is above 1:
+    samples/s alone. A configuration replaces the baseline only when the whole interval is at least 1.05:
     otherwise the result *is* the baseline, and ``decision`` says why. ``torch_threads`` is the
     main-process thread count the winner was measured with (``None``: leave it as it is).
     ``load_average`` is the work other processes ran per usable CPU while it tuned (0: none, 1: every

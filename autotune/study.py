@@ -452,8 +452,7 @@ def _finals(runner: _Runner, space: SearchSpace, settings: SearchSettings) -> De
             previous, decision = decision, ledger.decide(finalists, baseline)
             settled = (decision.challenger is not None and previous.challenger is not None
                        and decision.challenger.candidate == previous.challenger.candidate)
-            undecided = (decision.verdict is not None and not decision.verdict.wins
-                         and not decision.verdict.loses)
+            undecided = decision.verdict is not None and decision.verdict.open
             if r + 1 >= MIN_FINAL_ROUNDS and settled and not undecided:
                 break  # the pick held and its verdict is clear: more rounds would not change it
         _confirm(runner, finalists, cost)

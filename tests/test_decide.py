@@ -151,7 +151,8 @@ def test_a_confident_gain_of_a_percent_is_not_worth_a_change() -> None:
     # change what the user runs for.
     led = _paired([(101.0, 100.0), (101.2, 100.1), (100.9, 99.9)], log_se=0.001)
     d = led.decide([FAST, BASE], BASE)
-    assert d.verdict is not None and d.verdict.wins and d.verdict.ratio < 1.0 + TIE_TOLERANCE
+    assert d.verdict is not None and d.verdict.faster and not d.verdict.wins
+    assert d.verdict.ratio < 1.0 + TIE_TOLERANCE
     assert d.kept_baseline and not d.undecided
     assert "not worth a change" in d.reason
 
@@ -180,20 +181,34 @@ def test_a_confident_gain_under_five_percent_keeps_what_the_user_runs() -> None:
     # 4 % faster in every pair, surely: a gain the user would not notice is no reason for a change.
     led = _paired([(104.0, 100.0), (104.2, 100.1), (103.9, 99.9), (104.1, 100.0)], log_se=0.001)
     d = led.decide([FAST, BASE], BASE)
-    assert d.verdict is not None and d.verdict.wins and 1.0 + TIE_TOLERANCE < d.verdict.ratio < 1.05
+    assert d.verdict is not None and d.verdict.faster and not d.verdict.wins
+    assert 1.0 + TIE_TOLERANCE < d.verdict.ratio < 1.05
     assert d.kept_baseline and not d.undecided
     assert "less than 5%" in d.reason
 
 
 def test_a_win_must_also_gain_five_percent_in_the_score_it_reports() -> None:
-    # The pairs' mean says 6 %, one of them well ahead; the median score, the speed-up reported,
-    # says 4 %: the figure the user would see is no reason for a change either.
-    led = _paired([(104.0, 100.0), (104.0, 100.0), (104.0, 100.0), (112.0, 100.0), (104.0, 100.0),
-                   (112.0, 100.0)], log_se=0.001)
+    # The pairs say at least 6 % with confidence, four of them well ahead; the median score, the
+    # speed-up reported, says 4 %: the figure the user would see is no reason for a change either.
+    led = _paired([(104.0, 100.0), (125.0, 100.0), (104.0, 100.0), (125.0, 100.0), (104.0, 100.0),
+                   (125.0, 100.0), (104.0, 100.0), (125.0, 100.0), (104.0, 100.0)], log_se=0.001)
     d = led.decide([FAST, BASE], BASE)
     score = led.summarize(FAST).score / led.summarize(BASE).score
-    assert d.verdict is not None and d.verdict.wins and d.verdict.ratio >= 1.05 and score < 1.05
-    assert d.kept_baseline
+    assert d.verdict is not None and d.verdict.wins and score < 1.05
+    assert d.kept_baseline and "less than 5%" in d.reason
+
+
+def test_a_gain_whose_interval_reaches_under_five_percent_keeps_what_the_user_runs() -> None:
+    # 7 % on average, surely faster, but the pairs spread so that the interval's lower end is 1.04:
+    # a true gain of 3 % reads like this as often as not (the pick is the best of several, so its
+    # ratio leans high). Undecided, not a change; more rounds side by side could decide it.
+    led = _paired([(111.0, 100.0), (104.0, 100.0), (108.0, 100.0), (103.0, 100.0), (110.0, 100.0)],
+                  log_se=0.001)
+    d = led.decide([FAST, BASE], BASE)
+    assert d.verdict is not None and d.verdict.faster and d.verdict.ratio >= 1.05
+    assert 1.0 < d.verdict.low < 1.05 and not d.verdict.wins and d.verdict.open
+    assert d.kept_baseline and d.undecided
+    assert "not 5% faster at 95% confidence" in d.reason and "more round" in d.reason
 
 
 def test_a_clear_win_ends_the_finals_before_their_last_round() -> None:

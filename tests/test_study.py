@@ -125,14 +125,14 @@ def test_the_search_starts_from_the_estimated_worker_count() -> None:
 
 
 def test_an_undecided_leader_is_measured_against_the_baseline_until_decided() -> None:
-    # One worker reads 130 and 95 by turns against the baseline's 100, 60 and 150: after the
-    # finals' rounds its interval still holds 1, so the two are measured again side by side with the
-    # budget the early stop left, until the verdict is decided.
+    # One worker reads 140 and 100 by turns against the baseline's 100, 60 and 150: after the
+    # finals' rounds its interval still reaches under 1.05, so the two are measured again side by
+    # side with the budget the early stop left, until the verdict is decided.
     space = SearchSpace(batch_sizes=(8,), max_workers=1, prefetch_factors=(2,), baseline_batch_size=8)
     settings = SearchSettings(budget_s=60, epochs=1, dataset_len=None, device=torch.device("cpu"),
                               usable_cpus=2)
     outcome = run_search(None, None, space, settings, evaluate=_stand_in({0: [100.0, 60.0, 150.0],
-                                                                        1: [130.0, 95.0]}))
+                                                                        1: [140.0, 100.0]}))
     finals = Counter(r.candidate.num_workers for r in outcome.trials if r.phase == "final")
     assert finals[1] > MAX_FINAL_ROUNDS  # past the finals' rounds: confirming
     assert outcome.decision.verdict is not None and outcome.decision.verdict.wins
