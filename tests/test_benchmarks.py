@@ -467,3 +467,31 @@ def test_decisions_refuses_an_unknown_workload_by_name() -> None:
         decisions.main(["--quick", "--workloads", "folder,cifar"])
     assert exit_.value.code == 2  # argparse's usage error, with the message below on stderr
     assert set(Path(tempfile.gettempdir()).glob("autotune-decisions-*")) == before  # no folder left
+
+
+def _decision_run(decision: str, gain: float, run_ratio: float) -> dict[str, Any]:
+    return {"workload": "tabular", "written": "nothing", "oracle_gain": gain, "plain_loop_speedup": gain,
+            "decision": decision, "chosen": "bs=32 w=0", "settled_in_epoch": 2, "run_ratio": run_ratio,
+            "reported_speedup": gain if decision == "win" else 1.0, "reported_low": None}
+
+
+def test_decisions_combines_pages_into_one_summary_per_case(tmp_path: Path) -> None:
+    # Two pages of one repeat each (the figures written here, not measured): the combined page
+    # counts both runs of the case, in its summary and its row, and marks each run with its commit.
+    for name, commit, run in (("a", "aaa", _decision_run("win", 1.03, 1.04)),
+                              ("b", "bbb", _decision_run("kept", 1.01, 1.02))):
+        (tmp_path / name).mkdir()
+        decisions._save({"when": "then", "machine": "this one", "commit": commit,
+                         "modes": {"quiet": {"runs": [run], "summary": decisions.summarize([run])}}},
+                        tmp_path / name)
+    assert decisions.main(["--combine", str(tmp_path / "a"), str(tmp_path / "b"),
+                           "--out", str(tmp_path / "both")]) == 0
+    block = json.loads((tmp_path / "both" / "decisions.json").read_text())["modes"]["quiet"]
+    assert block["summary"]["changed_with_nothing_to_win"] == "1 of 2"
+    (case,) = block["cases"]
+    assert (case["runs"], case["decisions"], case["run_ratio_worst"]) == (2, {"kept": 1, "win": 1}, 1.04)
+    assert [r["commit"] for r in block["runs"]] == ["aaa", "bbb"]
+    page = (tmp_path / "both" / "DECISIONS.md").read_text()
+    assert "| tabular | nothing | 2 |" in page and "aaa, bbb" in page
+    with pytest.raises(SystemExit, match="no decisions.json there"):
+        decisions.main(["--combine", str(tmp_path / "missing"), "--out", str(tmp_path / "c")])

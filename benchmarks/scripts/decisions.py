@@ -233,23 +233,71 @@ def best_gain(r: dict[str, Any]) -> float:
     return max(r["oracle_gain"], r["plain_loop_speedup"] or 0.0)
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [r for r in runs if "error" not in r]
+def _counts(ok: list[dict[str, Any]]) -> dict[str, str]:
+    """Wins confirmed where the best fixed gain is at least WIN, changes where it is under NOTHING."""
     win_cases = [r for r in ok if best_gain(r) >= WIN]
     none_cases = [r for r in ok if best_gain(r) < NOTHING]
-    agree = [r["reported_speedup"] / r["plain_loop_speedup"] for r in ok
-             if r["decision"] == "win" and r["reported_speedup"] and r["plain_loop_speedup"]]
     return {
-        "runs": len(runs), "failed": len(runs) - len(ok),
         "wins_confirmed": f"{sum(r['decision'] == 'win' for r in win_cases)} of {len(win_cases)}",
         "changed_with_nothing_to_win": (f"{sum(r['decision'] in CHANGED for r in none_cases)}"
                                         f" of {len(none_cases)}"),
+    }
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if "error" not in r]
+    agree = [r["reported_speedup"] / r["plain_loop_speedup"] for r in ok
+             if r["decision"] == "win" and r["reported_speedup"] and r["plain_loop_speedup"]]
+    return {
+        "runs": len(runs), "failed": len(runs) - len(ok), **_counts(ok),
         "median_run_ratio": statistics.median(r["run_ratio"] for r in ok) if ok else None,
         "worst_run_ratio": max((r["run_ratio"] for r in ok), default=None),
         "undecided": sum(r["decision"] == "undecided" for r in ok),
         "reported_over_plain_loop": ([round(min(agree), 2), round(statistics.median(agree), 2),
                                       round(max(agree), 2)] if agree else None),
     }
+
+
+def per_case(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The repeats of each (workload, written) case together: what the done-when counts per case."""
+    cases: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        cases.setdefault((r["workload"], r["written"]), []).append(r)
+    rows = []
+    for (workload, written), rs in cases.items():
+        ok = [r for r in rs if "error" not in r]
+        gains = [best_gain(r) for r in ok]
+        told = sorted({r["decision"] for r in ok})
+        rows.append({
+            "workload": workload, "written": written, "runs": len(rs), "failed": len(rs) - len(ok),
+            "best_gain_median": statistics.median(gains) if gains else None,
+            "decisions": {d: sum(r["decision"] == d for r in ok) for d in told}, **_counts(ok),
+            "run_ratio_median": statistics.median(r["run_ratio"] for r in ok) if ok else None,
+            "run_ratio_worst": max((r["run_ratio"] for r in ok), default=None),
+        })
+    return rows
+
+
+def combine(paths: list[Path]) -> dict[str, Any]:
+    """One page over several pages this script wrote (``--combine``): every run of each mode, each
+    marked with its page's commit, summarized together and per case."""
+    pages = []
+    for p in paths:
+        path = p / "decisions.json" if p.is_dir() else p
+        if not path.is_file():
+            raise SystemExit(f"--combine {p}: no decisions.json there; pass the folders this script"
+                             " wrote (or their decisions.json)")
+        pages.append(json.loads(path.read_text()))
+    modes: dict[str, list[dict[str, Any]]] = {}
+    for page in pages:
+        for mode, block in page["modes"].items():
+            modes.setdefault(mode, []).extend({**r, "commit": page.get("commit", "unknown")}
+                                              for r in block["runs"])
+    commits = list(dict.fromkeys(page.get("commit", "unknown") for page in pages))
+    return {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": pages[-1]["machine"],
+            "commit": ", ".join(commits), "pages": [str(p) for p in paths],
+            "modes": {m: {"runs": runs, "summary": summarize(runs), "cases": per_case(runs)}
+                      for m, runs in modes.items()}}
 
 
 def write_markdown(data: dict[str, Any], path: Path) -> None:
@@ -267,19 +315,33 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
                   f" worst {s['worst_run_ratio']:.2f}x" if s["median_run_ratio"] is not None else "",
                   f"- undecided at the end: {s['undecided']}",
                   f"- reported speed-up over a plain loop's, where it won (min, median, max):"
-                  f" {s['reported_over_plain_loop']}", "",
-                  "| workload | written | oracle gain | decision | chosen | settled in epoch | run time"
-                  " vs user's | reported | plain loop |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  f" {s['reported_over_plain_loop']}", ""]
+        if "cases" in block:
+            lines += ["| workload | written | runs | best fixed gain, median | decisions |"
+                      f" gain >= {WIN}x: win confirmed | gain < {NOTHING}x: changed |"
+                      " run time vs user's, median | worst |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            for c in block["cases"]:
+                gain = f"{c['best_gain_median']:.2f}x" if c["best_gain_median"] is not None else "-"
+                median = f"{c['run_ratio_median']:.2f}x" if c["run_ratio_median"] is not None else "-"
+                worst = f"{c['run_ratio_worst']:.2f}x" if c["run_ratio_worst"] is not None else "-"
+                told = ", ".join(f"{d} {n}" for d, n in c["decisions"].items())
+                lines.append(f"| {c['workload']} | {c['written']} | {c['runs']} | {gain} | {told} |"
+                             f" {c['wins_confirmed']} | {c['changed_with_nothing_to_win']} | {median} |"
+                             f" {worst} |")
+            lines.append("")
+        lines += ["| workload | written | oracle gain | decision | chosen | settled in epoch | run time"
+                  " vs user's | reported | plain loop | commit |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in block["runs"]:
             if "error" in r:
-                lines.append(f"| {r['workload']} | {r['written']} | failed | | | | | | |")
+                lines.append(f"| {r['workload']} | {r['written']} | failed | | | | | | | |")
                 continue
             rep = f"{r['reported_speedup']:.2f}x" if r["reported_speedup"] else "-"
             plain = f"{r['plain_loop_speedup']:.2f}x" if r["plain_loop_speedup"] else "-"
             lines.append(f"| {r['workload']} | {r['written']} | {r['oracle_gain']:.2f}x | {r['decision']} |"
                          f" {r['chosen']} | {r['settled_in_epoch']} | {r['run_ratio']:.2f}x | {rep} |"
-                         f" {plain} |")
+                         f" {plain} | {r.get('commit', data.get('commit', ''))} |")
         lines.append("")
     lines += ["`oracle gain`: the best worker count's second epoch against the user's; `reported`: the",
               "tuner's speed-up (whole run, start-up included); `plain loop`: the user's epoch over the",
@@ -316,12 +378,21 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, of {', '.join(WORKLOADS)} (default: all)")
     parser.add_argument("--written", default=None,
                         help=f"comma-separated, of {', '.join(WRITTEN)} (default: all)")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="FOLDER",
+                        help="measure nothing: one page over the pages of earlier runs (with --out)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for DECISIONS.md and decisions.json (default:"
                         " benchmarks/results/decisions/; with --quick, a new temporary folder)")
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child)))
+        return 0
+    if args.combine:
+        if args.out is None:
+            parser.error("--combine needs --out: the folder for the page over the runs")
+        args.out.mkdir(parents=True, exist_ok=True)
+        _save(combine(args.combine), args.out)
+        print(f"wrote {args.out / 'DECISIONS.md'}")
         return 0
     fill_in(args, {"repeats": 1, "modes": "quiet"}, {"repeats": 3, "modes": "quiet,loaded"})
     workloads = _chosen(parser, "--workloads", args.workloads, WORKLOADS)
