@@ -538,8 +538,8 @@ class Ledger:
 
     @staticmethod
     def _wins(verdict: Verdict, challenger: Summary, base: Summary) -> bool:
-        gain = 1.0 + MIN_GAIN
-        return verdict.wins and verdict.ratio >= gain and challenger.score >= gain * base.score
+        # ``wins`` holds the ratio's lower bound to 1 + MIN_GAIN, so the ratio itself is past it too.
+        return verdict.wins and challenger.score >= (1.0 + MIN_GAIN) * base.score
 
     def decide(self, finalists: Sequence[Candidate], baseline: Candidate) -> Decision:
         """The configuration to use (NOTE [ Decisions ] 2-3)."""
