@@ -18,8 +18,10 @@ Writes DECISIONS.md and decisions.json to ``benchmarks/results/decisions/`` (``-
 #    to warm up (the returned loader's cache fills), then PLAIN_ROUNDS rounds of an epoch of each,
 #    which goes first alternating, so that each order is taken as often; the median of the rounds'
 #    ratios is what the user's own loop gets from the returned choice, to hold the tuner's reported
-#    speed-up against. The best fixed gain is the larger of the oracle's and this (the worker grid
-#    holds no cache).
+#    speed-up against (which is, as this loop's, with the cache built: NOTE [ Decisions ] 6 in
+#    autotune/decide.py). The best fixed gain is the larger of the oracle's and this (the worker grid
+#    holds no cache). The record keeps the report's interval and steady-state ratio beside it, and
+#    the two warm-up epochs.
 # The workloads: storage latency (1 ms a read), CPU-bound reads (0.6 ms), a step-bound loop (a 30 ms
 # step, nothing to win), an ImageFolder of PNG files with a fixed pipeline and a random flip, and rows
 # already in memory (a TensorDataset); each with nothing written and with 2, 4 and 16 workers written.
@@ -138,10 +140,10 @@ def _make(workload: str, scratch: str) -> tuple[Any, Any]:
     return {"latency": (Latency(), light), "cpu": (Cpu(), light), "step-bound": (Cheap(), heavy)}[workload]
 
 
-def plain_rounds(users: Any, made: Any, step: Any) -> list[float]:
-    """The user's epoch over the returned choice's, per round (NOTE [ Decision power ] 4)."""
-    train(users, step, 1)
-    train(made, step, 1)
+def plain_rounds(users: Any, made: Any, step: Any) -> tuple[list[float], list[float]]:
+    """The user's epoch over the returned choice's, per round, and the two warm-up epochs (the
+    user's, the returned choice's) (NOTE [ Decision power ] 4)."""
+    warm = train(users, step, 1) + train(made, step, 1)
     ratios = []
     for r in range(PLAIN_ROUNDS):
         if r % 2 == 0:
@@ -151,7 +153,7 @@ def plain_rounds(users: Any, made: Any, step: Any) -> list[float]:
             ours = train(made, step, 1)[0]
             theirs = train(users, step, 1)[0]
         ratios.append(theirs / ours)
-    return ratios
+    return ratios, warm
 
 
 def child(workload: str, written: str) -> dict[str, Any]:
@@ -184,10 +186,10 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
         oracle[f"w={w}"] = train(tud.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=w),
                                    step, 2)[1]
     users_second = train(tud.DataLoader(ds, **kw), step, 2)[1]
-    check = None
+    check = warm = None
     if result is not None:
         made = result.make_loader(ds, shuffle=True)
-        check = plain_rounds(tud.DataLoader(ds, **kw), made, step)
+        check, warm = plain_rounds(tud.DataLoader(ds, **kw), made, step)
         made.close()
     best = min(oracle.values())
     decision = "none"
@@ -204,8 +206,11 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
         "chosen": result.candidate.label() if result is not None else None,
         "reported_speedup": result.speedup if result is not None else None,
         "reported_low": result.speedup_low if result is not None else None,
+        "reported_high": result.speedup_high if result is not None else None,
+        "reported_throughput": result.throughput_speedup if result is not None else None,
         "plain_loop_speedup": statistics.median(check) if check else None,
         "plain_loop_rounds": check,
+        "plain_loop_warmup_s": warm,
         "autotune": autotune.__version__,
     }
 
@@ -344,9 +349,9 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
                          f" {plain} | {r.get('commit', data.get('commit', ''))} |")
         lines.append("")
     lines += ["`oracle gain`: the best worker count's second epoch against the user's; `reported`: the",
-              "tuner's speed-up (whole run, start-up included); `plain loop`: the user's epoch over the",
-              f"returned choice's in plain loops side by side, the median of {PLAIN_ROUNDS} rounds after",
-              "a warm-up epoch."]
+              "tuner's speed-up (a run of its epochs, start-up included, a cache already built); `plain",
+              "loop`: the user's epoch over the returned choice's in plain loops side by side, the median",
+              f"of {PLAIN_ROUNDS} rounds after a warm-up epoch."]
     path.write_text("\n".join(lines) + "\n")
 
 
