@@ -13,7 +13,7 @@ from typing import Any
 
 from .machine import SHM_DIR, fingerprint_limits
 from .profiles import mask_url
-from .result import TuneResult
+from .result import TuneResult, built_text
 from .shm import SHM_FIX
 
 TEXT_WIDTH = 96
@@ -137,7 +137,7 @@ def summary_text(result: TuneResult) -> str:
         )
         lines += textwrap.wrap(
             f"Speed-up:    {result.speedup_text()} over {against} for {result.epochs} epochs,"
-            f" start-up and cache build included{steady}", width=TEXT_WIDTH, subsequent_indent=" " * 13)
+            f" start-up included{built_text(result)}{steady}", width=TEXT_WIDTH, subsequent_indent=" " * 13)
         lines.append(
             f"             (baseline: {result.baseline_samples_per_s:,.0f} samples/s, measured in"
             " the same run)"

@@ -79,11 +79,13 @@ class TuneResult:
     ``samples_per_s``, ``busy`` and ``wait_fraction`` are medians over the chosen configuration's
     measurements. The baseline is what the user runs (their settings, or PyTorch's defaults where
     they wrote none; ``baseline_kwargs``), measured in the same run. ``speedup`` is how much faster a
-    training run of ``epochs`` epochs goes than with the baseline, start-up and any pre-transform
-    build included (NOTE [ Score ] in decide.py), and ``speedup_low`` and ``speedup_high`` its bounds,
-    each one-sided at ``confidence`` (NOTE [ Decisions ]); ``throughput_speedup`` is the ratio of steady-state
-    samples/s alone. A configuration replaces the baseline only when the whole interval is at least 1.05:
-    otherwise the result *is* the baseline, and ``decision`` says why. ``torch_threads`` is the
+    training run of ``epochs`` epochs goes than with the baseline, start-up included (NOTE [ Score ]
+    in decide.py) and the pre-transform cache already built: the build, ``cache_build_s``, is paid
+    once, and later runs on the machine find the cache (NOTE [ Decisions ] 6). ``speedup_low`` and
+    ``speedup_high`` are its bounds, each one-sided at ``confidence`` (NOTE [ Decisions ]);
+    ``throughput_speedup`` is the ratio of steady-state samples/s alone. A configuration replaces the
+    baseline only when the whole interval is at least 1.05 over a run that builds its cache: otherwise
+    the result *is* the baseline, and ``decision`` says why. ``torch_threads`` is the
     main-process thread count the winner was measured with (``None``: leave it as it is).
     ``load_average`` is the work other processes ran per usable CPU while it tuned (0: none, 1: every
     usable CPU busy with them; NOTE [ Others' load ] in machine.py), ``None`` where unread.
@@ -100,6 +102,9 @@ class TuneResult:
     speedup_high: float | None = None
     confidence: float | None = None
     throughput_speedup: float | None = None
+    cache_build_s: float = 0.0
+    """What building the chosen configuration's cache took, paid once (NOTE [ Decisions ] 6 in
+    decide.py); 0: it has none."""
     challenger: str | None = None
     """Where the baseline was kept: what the best other configuration measured against it."""
     undecided: bool = False
@@ -321,6 +326,15 @@ class TuneResult:
         return out
 
 
+def built_text(result: TuneResult) -> str:
+    """``, its cache built (a 2.1 s build, paid once)`` where the chosen configuration has a cache
+    (NOTE [ Decisions ] 6 in decide.py), else nothing."""
+    if result.pretransform == "none" or result.kept_baseline:
+        return ""
+    took = f"a {result.cache_build_s:.1f} s build" if result.cache_build_s >= 0.05 else "its build"
+    return f", its cache built ({took}, paid once)"
+
+
 def _flag(value: bool) -> str:
     return "yes" if value else "-"
 
@@ -388,14 +402,15 @@ def from_decision(decision: Decision, trials: Sequence[TrialRecord], **context: 
     chosen, base, verdict = decision.chosen, decision.baseline, decision.verdict
     speedup = low = high = conf = None
     if base is not None and base.score:
+        shown = decision.served or verdict  # NOTE [ Decisions ] 6: once the cache is built
         if chosen.candidate == base.candidate:
             speedup = 1.0
             if verdict is not None:  # the baseline kept: the interval is the challenger's, for the record
                 conf = verdict.confidence
+        elif shown is not None:
+            speedup, low, high, conf = shown.ratio, shown.low, shown.high, shown.confidence
         else:
             speedup = chosen.score / base.score
-        if verdict is not None and chosen.candidate != base.candidate:
-            low, high, conf = verdict.low, verdict.high, verdict.confidence
     return TuneResult(
         loader_kwargs=chosen.candidate.loader_kwargs(),
         pretransform=chosen.candidate.pretransform,
@@ -407,6 +422,7 @@ def from_decision(decision: Decision, trials: Sequence[TrialRecord], **context: 
         speedup_low=low,
         speedup_high=high,
         confidence=conf,
+        cache_build_s=chosen.measurement.build_s,
         throughput_speedup=(chosen.samples_per_s / base.samples_per_s
                             if base is not None and base.samples_per_s else None),
         challenger=(f"{decision.challenger.candidate.label()} measured {verdict.describe()}"

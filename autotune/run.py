@@ -49,7 +49,7 @@ import torch.utils.data.dataloader as tud_dataloader
 
 from . import loader as dropin
 from .report import TEXT_WIDTH
-from .result import TuneResult
+from .result import TuneResult, built_text
 from .space import Candidate
 
 EXIT_OK = 0
@@ -644,9 +644,11 @@ def _loader_section(record: LoaderRecord) -> list[str]:
                                " the choice above stands", width=TEXT_WIDTH, subsequent_indent="    ")
     against = result.baseline_text()
     if result.speedup is not None and result.baseline_samples_per_s is not None:
-        lines.append(f"  speed-up: {result.speedup_text()} {against} over {result.epochs} epochs, start-up"
-                     " and any cache build included; both measured side by side"
-                     f"{' when the profile was stored' if status == 'from-profile' else ''}")
+        lines += textwrap.wrap(
+            f"  speed-up: {result.speedup_text()} {against} over {result.epochs} epochs, start-up"
+            f" included{built_text(result)}; both measured side by side"
+            f"{' when the profile was stored' if status == 'from-profile' else ''}",
+            width=TEXT_WIDTH, subsequent_indent=" " * 12)
         if result.throughput_speedup is not None:
             lines.append(f"            {result.throughput_speedup:.2f}x in steady-state samples/s"
                          f" ({result.samples_per_s:,.0f} vs {result.baseline_samples_per_s:,.0f})")

@@ -9,6 +9,7 @@ import pytest
 
 from autotune.decide import CONFIDENCE, INTERIM_CONFIDENCE, TIE_TOLERANCE, Ledger, t_quantile
 from autotune.measure import Measurement
+from autotune.result import built_text, from_decision
 from autotune.space import Candidate
 
 BASE = Candidate(32)
@@ -254,3 +255,41 @@ def test_workers_that_stop_every_epoch_pay_their_stop_in_the_score() -> None:
     assert led.best_score == max(after.values())
     led.record(stopping, "final", "complete", m=window)  # recorded after: scored with the stop
     assert [r.score for r in led.by_candidate[stopping]] == pytest.approx([after[stopping]] * 2)
+
+
+def test_a_cache_pick_is_decided_with_its_build_and_reported_once_built() -> None:
+    # 4 epochs of 1,000 samples. The baseline reads 1,000 samples/s; the cache reads 5,000 once built,
+    # and its build took 2 s: over a run that builds it, 4 s against 2.8 s (1.43x); every run after
+    # that reads it built, 4 s against 0.8 s (5x). The rule weighs the first; the user is told the
+    # second, as the pairs say it, so the figure lies inside its own interval.
+    cached = Candidate(32, pretransform="ram")
+    led = Ledger(dataset_len=1000, epochs=4)
+    for fast, base in [(5000.0, 1000.0), (5100.0, 1010.0), (4900.0, 990.0)]:
+        for c, v, build in ((cached, fast, 2.0), (BASE, base, 0.0)):
+            led.record(c, "final", "complete", m=Measurement(
+                samples_per_s=v, busy=0.5, wait_fraction=0.5, step_ms=1.0, wait_ms=1.0, startup_s=0.0,
+                batches=10, samples=320, window_s=1.0, peak_memory_bytes=0, build_s=build, log_se=0.01))
+    d = led.decide([cached, BASE], BASE)
+    assert d.chosen.candidate == cached and d.verdict is not None and d.served is not None
+    assert d.verdict.ratio == pytest.approx(4 / 2.8, rel=0.02)
+    assert d.served.ratio == pytest.approx(5.0, rel=0.02)
+    assert "1.43x" in d.reason and "5.00x" in d.reason and "once it is built" in d.reason
+    result = from_decision(d, led.records, epochs=4)
+    assert result.speedup == d.served.ratio and result.cache_build_s == 2.0
+    assert result.speedup_low is not None and result.speedup_high is not None
+    assert result.speedup_low <= result.speedup <= result.speedup_high
+    assert "its cache built (a 2.0 s build, paid once)" in built_text(result)
+
+
+def test_without_a_cache_the_reported_figure_is_the_verdict_s() -> None:
+    # Nothing to build: one estimate, the same for the decision and the figure (the pairs' ratio,
+    # not the ratio of median scores, which here reads 1.31x).
+    led = _paired([(130.0, 100.0), (131.0, 100.0), (160.0, 100.0), (125.0, 100.0), (200.0, 100.0)],
+                  log_se=0.01)
+    d = led.decide([FAST, BASE], BASE)
+    assert d.verdict is not None and d.served is not None and not d.kept_baseline
+    assert d.served == d.verdict and "once it is built" not in d.reason
+    result = from_decision(d, led.records, epochs=1)
+    assert result.speedup == pytest.approx(d.verdict.ratio) and built_text(result) == ""
+    assert led.summarize(FAST).score / led.summarize(BASE).score == pytest.approx(1.31)
+    assert result.speedup == pytest.approx(1.47, abs=0.01)
