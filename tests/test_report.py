@@ -155,6 +155,10 @@ def test_the_summary_says_how_to_apply_threads_pretransform_and_where_it_came_fr
     assert "torch.set_num_threads(1)" in text
     assert "result.make_loader(dataset" in text and "pretransform='ram'" in text
     assert "2.49x (90% interval 2.31-2.68x) over PyTorch's defaults for" in text
+    assert "its build, paid once" in " ".join(text.split())  # a ram cache, its build unrecorded
+    built = report.summary_text(replace(result, cache_build_s=2.04))
+    assert "start-up included, its cache built (a 2.0 s build, paid once)" in " ".join(built.split())
+    assert TuneResult.from_dict(result.to_dict(), cache_build_s=2.04).cache_build_s == 2.04
     assert "baseline: 1,025 samples/s" in text and "Decision:    bs=64 w=2" in text
     assert "spread 4%" in text and "median of 2 measurements" in text
     assert result.diagnosis() in text
