@@ -27,9 +27,9 @@ NOTE [ The reported speed-up, checked ]
    written in it, for W = 16 (the default of a widely used image-classification script: more worker
    processes than a small machine has cores, outside the search space) and W = 0 (torch's default).
 2. ``autotune run --json`` on it, unmodified, in a fresh profile folder. The report's speed-up is
-   against the script's own setting, over the ``epochs`` the drop-in assumes (start-up and any cache
-   build included: NOTE [ Score ] in autotune/decide.py), with its interval (``speedup_low`` and
-   ``speedup_high``, NOTE [ Decisions ]).
+   against the script's own setting, over the ``epochs`` the drop-in assumes (start-up included:
+   NOTE [ Score ] in autotune/decide.py; a cache as later runs find it, built: NOTE [ Decisions ] 6),
+   with its interval (``speedup_low`` and ``speedup_high``, NOTE [ Decisions ]).
 3. Independently of the report's own measurements: the script as written and the same script with
    its loader replaced by ``autotune.DataLoader.configured(dataset, candidate=<the configuration the
    report chose>)``, which serves exactly that configuration (thread workers, a cache and the torch
