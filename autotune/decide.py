@@ -31,8 +31,8 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    (this one catches what a window's own batches cannot: a drift within a pair, a start that
 #    differed). The baseline's first measurement, taken while the process still warms up (its
 #    first steps are slower whatever loads them) and a ram cache fills, is left out once MIN_PAIRS
-#    others stand beside it, from the verdict and from the baseline's score the speed-up is
-#    reported against. From MIN_PAIRS pairs on; where the windows cannot say (too few batches), the ratio
+#    others stand beside it, from the verdict and from the baseline's median score. From
+#    MIN_PAIRS pairs on; where the windows cannot say (too few batches), the ratio
 #    is tested on the logarithms of every repeated measurement, with the noise from the spread of
 #    the repeats themselves (the pooled variance of each candidate's measurements around its own
 #    mean). Either way the noise is measured, not assumed. The one-sided lower bound of the ratio at
@@ -329,7 +329,7 @@ class Verdict:
         return {**asdict(self), "wins": self.wins}
 
 
-def measured(verdict: Verdict, served: Verdict | None) -> str:
+def verdict_text(verdict: Verdict, served: Verdict | None) -> str:
     """What a pick measured against the baseline: over the run (its cache's build included) and,
     where that differs, once the cache is built (NOTE [ Decisions ] 6)."""
     if served is None or math.isclose(served.ratio, verdict.ratio, rel_tol=0.005):
@@ -570,8 +570,8 @@ class Ledger:
         return verdict is not None and self._wins(verdict, challenger, self._baseline_summary(baseline))
 
     def _baseline_summary(self, baseline: Candidate) -> Summary:
-        """The baseline over the measurements a verdict weighs (``_baseline_records``): the speed-up
-        reported is then against the pace its pairs had, not the cold first stretch's."""
+        """The baseline over the measurements a verdict weighs (``_baseline_records``): its median
+        score is then the pace its pairs had, not the cold first stretch's."""
         return self.summarize(baseline, self._baseline_records(baseline))
 
     @staticmethod
@@ -594,10 +594,10 @@ class Ledger:
         assert verdict is not None
         if self._wins(verdict, challenger, base):
             served = self.verdict(challenger.candidate, baseline, built=False)
+            said = verdict_text(verdict, served)
             return Decision(challenger, base, challenger, verdict,
-                            f"{challenger.candidate.label()} beats the baseline: {measured(verdict, served)}",
-                            served=served)
-        if verdict.ratio < 1.0 + MIN_GAIN or verdict.wins:  # the latter: by its reported score
+                            f"{challenger.candidate.label()} beats the baseline: {said}", served=served)
+        if verdict.ratio < 1.0 + MIN_GAIN or verdict.wins:  # the latter: short by its median score
             why = f"faster by less than {MIN_GAIN:.0%}: not worth a change"
         else:
             why = f"not {MIN_GAIN:.0%} faster at {verdict.confidence:.0%} confidence"

@@ -58,7 +58,7 @@ from torch.utils.data import default_collate
 
 from . import pretransform as pt
 from . import profiles
-from .decide import Decision, Ledger, TrialRecord, measured
+from .decide import Decision, Ledger, TrialRecord, verdict_text
 from .describe import contains_cuda
 from .distributed import reduce_measurements
 from .exceptions import CandidateError, ProfileStoreError, ProfileStoreWarning
@@ -577,7 +577,7 @@ class Tuning:
         served = self.ledger.verdict(incumbent, self.baseline, built=False)
         return Decision(self.ledger.summarize(incumbent), decision.baseline, decision.challenger, verdict,
                         f"kept {incumbent.label()}: no cache configuration beat the baseline with"
-                        f" confidence, and {incumbent.label()} measured {measured(verdict, served)}"
+                        f" confidence, and {incumbent.label()} measured {verdict_text(verdict, served)}"
                         " against the baseline, not slower with confidence", served=served)
 
     def settle_from_profile(self, result: TuneResult | None, c: Candidate) -> None:
