@@ -26,25 +26,26 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    measurement of the pick goes with the baseline's measurement nearest to it in time (``pairs``),
 #    so that a shared machine's drift, which moves both alike, cancels within a pair. Each pair's
 #    difference of log-scores has a variance from the batches inside its two windows (their
-#    ``log_se``, NOTE [ Evidence from batches ] in measure.py); the estimate is their weighted mean,
-#    and its variance the larger of what the batches say and what the spread between the pairs says
-#    (this one catches what a window's own batches cannot: a drift within a pair, a start that
-#    differed). The baseline's first measurement, taken while the process still warms up (its
-#    first steps are slower whatever loads them) and a ram cache fills, is left out once MIN_PAIRS
-#    others stand beside it, from the verdict and from the baseline's median score. From
-#    MIN_PAIRS pairs on; where the windows cannot say (too few batches), the ratio
-#    is tested on the logarithms of every repeated measurement, with the noise from the spread of
-#    the repeats themselves (the pooled variance of each candidate's measurements around its own
-#    mean). Either way the noise is measured, not assumed. The one-sided lower bound of the ratio at
-#    CONFIDENCE must be at least 1 + MIN_GAIN, and so must the ratio of the median scores (a gain of
-#    a few percent is not worth changing what the user runs); otherwise
-#    the baseline is kept. The bound, not the ratio, must clear MIN_GAIN: the pick is the best of
-#    several, so its ratio leans high, and a true gain of 3-4 % read 1.06x and 1.11x with bounds of
-#    1.01-1.05 (the decision benchmark's in-memory rows, nothing written). With the bound, a gain
-#    under MIN_GAIN changes what the user runs at most as often as the confidence allows.
-#    Without repeats there is no noise estimate and no confident win. The interval is reported with
-#    the speed-up: its two one-sided CONFIDENCE bounds, together a two-sided interval of
-#    2 * CONFIDENCE - 1 (90 %).
+#    ``log_se``, NOTE [ Evidence from batches ] in measure.py). Where the pairs spread no more than
+#    their batches say, the estimate is the pairs' mean weighted by those variances, with the
+#    variance of that mean. Where they spread more (a drift within a pair, a start that differed:
+#    what a window's own batches cannot see), the batches' variances do not tell a sure pair from
+#    an unsure one, and the estimate is the pairs' plain mean, with the variance of their spread.
+#    The baseline's first measurement, taken while the process still warms up (its first steps are
+#    slower whatever loads them) and a ram cache fills, is left out once MIN_PAIRS others stand
+#    beside it, from the verdict and from the baseline's median score. From MIN_PAIRS pairs on;
+#    where the windows cannot say (too few batches), the ratio is tested on the logarithms of every
+#    repeated measurement, with the noise from the spread of the repeats themselves (the pooled
+#    variance of each candidate's measurements around its own mean). Either way the noise is
+#    measured, not assumed. The one-sided lower bound of the ratio at CONFIDENCE must be at least
+#    1 + MIN_GAIN, and so must the ratio of the median scores (a gain of a few percent is not worth
+#    changing what the user runs); otherwise the baseline is kept. The bound, not the ratio, must
+#    clear MIN_GAIN: the pick is the best of several, so its ratio leans high, and a true gain of
+#    3-4 % read 1.06x and 1.11x with bounds of 1.01-1.05 (the decision benchmark's in-memory rows,
+#    nothing written). With the bound, a gain under MIN_GAIN changes what the user runs at most as
+#    often as the confidence allows. Without repeats there is no noise estimate and no confident
+#    win. The interval is reported with the speed-up: its two one-sided CONFIDENCE bounds, together
+#    a two-sided interval of 2 * CONFIDENCE - 1 (90 %).
 # 4. Finalists are the best FINALISTS by median score (an out-of-order leader with its in-order twin)
 #    and the baseline, re-measured in interleaved rounds so that a slow drift of a shared machine hits
 #    them alike.
@@ -512,10 +513,10 @@ class Ledger:
         later = [r for r in recs if r.phase != "baseline"]
         return later if len(later) >= MIN_PAIRS else recs
 
-    def _paired_verdict(self, c: Candidate, baseline: Candidate, confidence: float = CONFIDENCE,
-                        built: bool = True) -> Verdict | None:
-        """The verdict from paired windows and their batches (NOTE [ Decisions ] 3); ``None`` where
-        fewer than MIN_PAIRS pairs have both windows' standard errors."""
+    def paired_logs(self, c: Candidate, baseline: Candidate, built: bool = True
+                    ) -> tuple[list[float], list[float]]:
+        """Per pair (``pairs``) whose two windows both have their batches' standard errors: the
+        difference of their log-scores, and its variance from those batches (NOTE [ Decisions ] 3)."""
         diffs: list[float] = []
         variances: list[float] = []
         for a, b in self.pairs(c, baseline):
@@ -525,14 +526,24 @@ class Ledger:
                 continue
             diffs.append(la - lb)
             variances.append(max(ma.log_se ** 2 + mb.log_se ** 2, 1e-12))
+        return diffs, variances
+
+    def _paired_verdict(self, c: Candidate, baseline: Candidate, confidence: float = CONFIDENCE,
+                        built: bool = True) -> Verdict | None:
+        """The verdict from paired windows and their batches (NOTE [ Decisions ] 3); ``None`` where
+        fewer than MIN_PAIRS pairs have both windows' standard errors."""
+        diffs, variances = self.paired_logs(c, baseline, built)
         n = len(diffs)
         if n < MIN_PAIRS:
             return None
         weights = [1.0 / v for v in variances]
-        diff = sum(w * d for w, d in zip(weights, diffs, strict=True)) / sum(weights)
         within = 1.0 / sum(weights)
         between = statistics.variance(diffs) / n
-        var, df = (within, 2 * BLOCK_DEGREES * n) if within >= between else (between, n - 1)
+        if within >= between:  # the batches account for the pairs' spread: weigh each by them
+            diff = sum(w * d for w, d in zip(weights, diffs, strict=True)) / sum(weights)
+            var, df = within, 2 * BLOCK_DEGREES * n
+        else:  # they do not: no pair is surer than another, and the estimate is their plain mean
+            diff, var, df = statistics.fmean(diffs), between, n - 1
         half = t_quantile(df, confidence) * math.sqrt(var)
         return Verdict(math.exp(diff), math.exp(diff - half), math.exp(diff + half), confidence, df)
 

@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from autotune.decide import CONFIDENCE, INTERIM_CONFIDENCE, TIE_TOLERANCE, Ledger, t_quantile
+from autotune.decide import (
+    BLOCK_DEGREES,
+    CONFIDENCE,
+    INTERIM_CONFIDENCE,
+    TIE_TOLERANCE,
+    Ledger,
+    t_quantile,
+)
 from autotune.measure import Measurement
 from autotune.result import built_text, from_decision
 from autotune.space import Candidate
@@ -108,15 +115,16 @@ def test_the_interim_quantiles_are_the_tables(df: int, q: float) -> None:
     assert t_quantile(df, INTERIM_CONFIDENCE) == pytest.approx(q)
 
 
-def _paired(rounds: list[tuple[float, float]], log_se: float | None) -> Ledger:
+def _paired(rounds: list[tuple[float, float]], log_se: float | None | list[float]) -> Ledger:
     """Rounds of (the challenger's, the baseline's) rate measured side by side, in that order, each
-    window with ``log_se`` read from its batches."""
+    window with ``log_se`` read from its batches (a list: one per round, for both its windows)."""
     led = Ledger(dataset_len=None, epochs=1)
-    for fast, base in rounds:
+    ses = log_se if isinstance(log_se, list) else [log_se] * len(rounds)
+    for (fast, base), se in zip(rounds, ses, strict=True):
         for c, v in ((FAST, fast), (BASE, base)):
             led.record(c, "final", "complete", m=Measurement(
                 samples_per_s=v, busy=0.5, wait_fraction=0.5, step_ms=1.0, wait_ms=1.0, startup_s=0.0,
-                batches=10, samples=320, window_s=1.0, peak_memory_bytes=0, log_se=log_se))
+                batches=10, samples=320, window_s=1.0, peak_memory_bytes=0, log_se=se))
     return led
 
 
@@ -140,6 +148,25 @@ def test_pairs_that_disagree_more_than_their_batches_say_are_judged_by_their_spr
     v = _paired([(150.0, 100.0), (80.0, 100.0), (120.0, 100.0)], log_se=0.01).verdict(FAST, BASE)
     assert v is not None and not v.wins and v.low < 1.0 < v.high
     assert v.degrees_of_freedom == 2
+
+
+def test_pairs_that_spread_more_than_their_batches_say_count_alike() -> None:
+    # The pairs read 2x, 4x and 8x; the first one's batches happen to agree closely (0.1 %), the
+    # others' less (5 %). Far apart as they are, the batches do not tell which pair is sure: the
+    # estimate is their plain mean, 4x, not the first pair's 2x.
+    v = _paired([(200.0, 100.0), (400.0, 100.0), (800.0, 100.0)], log_se=[0.001, 0.05, 0.05]
+                ).verdict(FAST, BASE)
+    assert v is not None and v.ratio == pytest.approx(4.0)
+    assert v.degrees_of_freedom == 2 and v.low < 4.0 < v.high
+
+
+def test_pairs_that_spread_as_their_batches_say_count_by_them() -> None:
+    # 1.1x from windows whose batches say 20 %, 1.3x from ones that say 40 %: the spread is inside
+    # what the batches say, and the surer pair counts four times the other.
+    v = _paired([(110.0, 100.0), (130.0, 100.0)], log_se=[0.2, 0.4]).verdict(FAST, BASE)
+    assert v is not None
+    assert v.ratio == pytest.approx(math.exp((4 * math.log(1.1) + math.log(1.3)) / 5))
+    assert v.degrees_of_freedom == 2 * BLOCK_DEGREES * 2
 
 
 def test_nothing_to_win_is_not_a_win_from_the_batches_either() -> None:
