@@ -21,7 +21,12 @@ Writes DECISIONS.md and decisions.json to ``benchmarks/results/decisions/`` (``-
 #    speed-up against (which is, as this loop's, with the cache built: NOTE [ Decisions ] 6 in
 #    autotune/decide.py). The best fixed gain is the larger of the oracle's and this (the worker grid
 #    holds no cache). The record keeps the report's interval and steady-state ratio beside it, and
-#    the two warm-up epochs.
+#    the two warm-up epochs;
+# 5. the same figure by four estimators, from the measurements of the last search: the pairs' plain
+#    mean, their mean weighted by their batches' variances (NOTE [ Decisions ] 3 in
+#    autotune/decide.py uses the one or the other, as the pairs spread), the ratio of the geometric
+#    means of all measurements (the verdict where the pairs are too few), and the ratio of the
+#    median scores, each with the cache built; to hold each against the plain loop.
 # The workloads: storage latency (1 ms a read), CPU-bound reads (0.6 ms), a step-bound loop (a 30 ms
 # step, nothing to win), an ImageFolder of PNG files with a fixed pipeline and a random flip, and rows
 # already in memory (a TensorDataset); each with nothing written and with 2, 4 and 16 workers written.
@@ -33,12 +38,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +163,66 @@ def plain_rounds(users: Any, made: Any, step: Any) -> tuple[list[float], list[fl
     return ratios, warm
 
 
+def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
+    """The reported speed-up (cache built) by four estimators from the measurements of the last search
+    (NOTE [ Decision power ] 5): the pairs' plain mean, their mean weighted by their batches'
+    variances, the ratio of the geometric means of all measurements (the verdict where pairs are too
+    few) and that of the median scores; with the pairs' count, whether their spread exceeded what
+    their batches say, and the verdict of that search again (``this_search``: the reported figure,
+    where the report came from it). ``None`` where the baseline was kept or never measured."""
+    from autotune.decide import Ledger, score
+
+    trials = list(result.trials)
+    base = next((t.candidate for t in trials if t.phase == "baseline"), None)
+    chosen = result.candidate
+    if base is None or chosen == base or result.speedup is None:
+        return None
+    starts = [i for i, t in enumerate(trials) if t.number == 0]
+    ledger = Ledger(dataset_len, EPOCHS)
+    for t in trials[starts[-1]:]:
+        ledger.records.append(t)
+        ledger._count(t)
+    ledger.stop_per_worker_s = _stop_per_worker(ledger.records, dataset_len)
+    diffs, variances = ledger.paired_logs(chosen, base, built=False)
+    weights = [1.0 / v for v in variances]
+    weighted = sum(w * d for w, d in zip(weights, diffs, strict=True)) / sum(weights) if diffs else None
+    spread_wins = len(diffs) > 1 and statistics.variance(diffs) / len(diffs) > 1.0 / sum(weights)
+
+    def median_score(c: Any, recs: Any) -> float:
+        return statistics.median(score(replace(r.measurement, build_s=0.0), c, dataset_len, EPOCHS,
+                                       ledger.stop_per_worker_s) for r in recs)
+
+    base_recs = ledger._baseline_records(base)
+    mine = ledger.by_candidate.get(chosen, ())
+    if not mine or not base_recs:
+        return None
+    means = statistics.fmean(ledger._log_scores(mine, False)) - statistics.fmean(
+        ledger._log_scores(base_recs, False))
+    again = ledger.verdict(chosen, base, built=False)
+    return {
+        "pairs": len(diffs), "spread_exceeds_batches": spread_wins,
+        "paired_mean": math.exp(statistics.fmean(diffs)) if diffs else None,
+        "paired_weighted": math.exp(weighted) if weighted is not None else None,
+        "geometric_means": math.exp(means),
+        "median_scores": median_score(chosen, mine) / median_score(base, base_recs),
+        "this_search": again.ratio if again is not None else None,
+    }
+
+
+def _stop_per_worker(records: list[Any], dataset_len: int) -> float:
+    """The seconds one worker took to stop, as the records' scores were made with (NOTE [ Score ] in
+    autotune/decide.py), solved from a record of process workers; 0 where there is none."""
+    for r in records:
+        m, c = r.measurement, r.candidate
+        if m is None or not r.score or c.num_workers == 0 or c.worker_kind != "process":
+            continue
+        startups = 1 if c.persistent_workers else EPOCHS
+        run_s = EPOCHS * dataset_len / r.score
+        fixed = run_s - EPOCHS * dataset_len / m.samples_per_s - m.build_s
+        return max(0.0, (fixed / startups - m.startup_s) / c.num_workers)
+    return 0.0
+
+
 def child(workload: str, written: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="autotune-decisions-data-") as scratch:
         return _child(workload, written, scratch)
@@ -208,6 +275,7 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
         "reported_low": result.speedup_low if result is not None else None,
         "reported_high": result.speedup_high if result is not None else None,
         "reported_throughput": result.throughput_speedup if result is not None else None,
+        "estimators": estimators(result, len(ds)) if result is not None else None,
         "plain_loop_speedup": statistics.median(check) if check else None,
         "plain_loop_rounds": check,
         "plain_loop_warmup_s": warm,
