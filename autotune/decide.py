@@ -568,6 +568,12 @@ class Ledger:
         half = t_quantile(df, confidence) * math.sqrt(var * (1.0 / len(a) + 1.0 / len(b)))
         return Verdict(math.exp(diff), math.exp(diff - half), math.exp(diff + half), confidence, df)
 
+    def served(self, c: Candidate, baseline: Candidate, verdict: Verdict) -> tuple[Verdict | None, str]:
+        """``c`` against ``baseline`` once its cache is built (the figure reported, NOTE [ Decisions ]
+        6), and the text of it beside ``verdict``, the one over the run (``verdict_text``)."""
+        served = self.verdict(c, baseline, built=False)
+        return served, verdict_text(verdict, served)
+
     def decided_early(self, finalists: Sequence[Candidate], baseline: Candidate) -> bool:
         """Whether the finals may end before their last round (NOTE [ Decisions ] 5): the pick wins
         as ``decide`` would have it win, with its bound at INTERIM_CONFIDENCE."""
@@ -604,8 +610,7 @@ class Ledger:
         verdict = self.verdict(challenger.candidate, baseline)
         assert verdict is not None
         if self._wins(verdict, challenger, base):
-            served = self.verdict(challenger.candidate, baseline, built=False)
-            said = verdict_text(verdict, served)
+            served, said = self.served(challenger.candidate, baseline, verdict)
             return Decision(challenger, base, challenger, verdict,
                             f"{challenger.candidate.label()} beats the baseline: {said}", served=served)
         if verdict.ratio < 1.0 + MIN_GAIN or verdict.wins:  # the latter: short by its median score

@@ -402,12 +402,11 @@ def from_decision(decision: Decision, trials: Sequence[TrialRecord], **context: 
     chosen, base, verdict = decision.chosen, decision.baseline, decision.verdict
     speedup = low = high = conf = None
     if base is not None and base.score:
-        shown = decision.served or verdict  # NOTE [ Decisions ] 6: once the cache is built
         if chosen.candidate == base.candidate:
             speedup = 1.0
             if verdict is not None:  # the baseline kept: the interval is the challenger's, for the record
                 conf = verdict.confidence
-        elif shown is not None:
+        elif (shown := decision.served or verdict) is not None:  # NOTE [ Decisions ] 6: cache built
             speedup, low, high, conf = shown.ratio, shown.low, shown.high, shown.confidence
         else:
             speedup = chosen.score / base.score

@@ -58,7 +58,7 @@ from torch.utils.data import default_collate
 
 from . import pretransform as pt
 from . import profiles
-from .decide import Decision, Ledger, TrialRecord, verdict_text
+from .decide import Decision, Ledger, TrialRecord
 from .describe import contains_cuda
 from .distributed import reduce_measurements
 from .exceptions import CandidateError, ProfileStoreError, ProfileStoreWarning
@@ -574,10 +574,10 @@ class Tuning:
             return decision  # slower than the baseline with confidence: the baseline again
         if verdict is None:  # not measured in the check: as it was chosen
             return replace(chose_it, reason=f"{chose_it.reason}; the filled cache did not beat it")
-        served = self.ledger.verdict(incumbent, self.baseline, built=False)
+        served, said = self.ledger.served(incumbent, self.baseline, verdict)
         return Decision(self.ledger.summarize(incumbent), decision.baseline, decision.challenger, verdict,
                         f"kept {incumbent.label()}: no cache configuration beat the baseline with"
-                        f" confidence, and {incumbent.label()} measured {verdict_text(verdict, served)}"
+                        f" confidence, and {incumbent.label()} measured {said}"
                         " against the baseline, not slower with confidence", served=served)
 
     def settle_from_profile(self, result: TuneResult | None, c: Candidate) -> None:
