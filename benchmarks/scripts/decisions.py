@@ -45,7 +45,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +169,7 @@ def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
     few) and that of the median scores; with the pairs' count, whether their spread exceeded what
     their batches say, and the verdict of that search again (``this_search``: the reported figure,
     where the report came from it). ``None`` where the baseline was kept or never measured."""
-    from autotune.decide import Ledger, score
+    from autotune.decide import Ledger
 
     trials = list(result.trials)
     base = next((t.candidate for t in trials if t.phase == "baseline"), None)
@@ -188,9 +187,8 @@ def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
     weighted = sum(w * d for w, d in zip(weights, diffs, strict=True)) / sum(weights) if diffs else None
     spread_wins = len(diffs) > 1 and statistics.variance(diffs) / len(diffs) > 1.0 / sum(weights)
 
-    def median_score(c: Any, recs: Any) -> float:
-        return statistics.median(score(replace(r.measurement, build_s=0.0), c, dataset_len, EPOCHS,
-                                       ledger.stop_per_worker_s) for r in recs)
+    def median_score(recs: Any) -> float:
+        return statistics.median(math.exp(x) for x in ledger._log_scores(recs, False))
 
     base_recs = ledger._baseline_records(base)
     mine = ledger.by_candidate.get(chosen, ())
@@ -204,7 +202,7 @@ def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
         "paired_mean": math.exp(statistics.fmean(diffs)) if diffs else None,
         "paired_weighted": math.exp(weighted) if weighted is not None else None,
         "geometric_means": math.exp(means),
-        "median_scores": median_score(chosen, mine) / median_score(base, base_recs),
+        "median_scores": median_score(mine) / median_score(base_recs),
         "this_search": again.ratio if again is not None else None,
     }
 
