@@ -135,6 +135,7 @@ def reduce_measurements(ms: list[Measurement]) -> Measurement:
         step_ms=max(m.step_ms for m in ms),
         wait_ms=max(m.wait_ms for m in ms),
         startup_s=max(m.startup_s for m in ms),
+        startup_seen=all(m.startup_seen for m in ms),
         batches=slowest.batches,
         samples=slowest.samples,
         window_s=slowest.window_s,

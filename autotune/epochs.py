@@ -191,6 +191,8 @@ class Timeline:
     settle_items: int | None = None
     """...or after this many items, whichever comes first (``None``: no bound)."""
     startup_s: float = 0.0
+    startup_seen: bool = True
+    """Whether the loop waited for the whole start-up (``Measurement.startup_seen``)."""
     received: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
@@ -331,6 +333,7 @@ class Timeline:
             step_ms=(statistics.median(steps) if steps else 0.0) * 1000.0,
             wait_ms=statistics.median(waits) * 1000.0,
             startup_s=self.startup_s,
+            startup_seen=self.startup_seen,
             batches=len(waits),
             samples=samples,
             window_s=wall,
@@ -466,6 +469,7 @@ class Stretch:
         self.sampler.limit = None if self.limit is None else self.offset + self.limit
         prev.handed_over = True
         self.adopted_from = prev
+        self.line.startup_seen = False  # its workers run already: no start-up to wait for
         self.worker_processes = prev.worker_processes
         resume_sampling(self.it)
 
@@ -563,6 +567,7 @@ class Stretch:
         from now to its first item, and its wall time counts from now."""
         self._began()
         self.adopted_from = None
+        self.line.startup_seen = False  # its workers started (or ran) while another stretch served
 
     def _measured_enough(self, now: float) -> bool:
         if self.line.rate_below(self.abandon_below, now):

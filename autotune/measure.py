@@ -117,6 +117,10 @@ class Measurement(_Window):
     log_se: float | None = None
     """The standard error of ``log(samples_per_s)`` read from the window's own batches (NOTE
     [ Evidence from batches ]); ``None``: too few batches to say."""
+    startup_seen: bool = True
+    """Whether ``startup_s`` is the start-up a loop waits for when the candidate's loader starts
+    (an epoch's start): false where its stretch served on workers already running, or started them
+    while another stretch served (NOTE [ Start-ups the loop waits for ] in decide.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

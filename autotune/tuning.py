@@ -550,7 +550,7 @@ class Tuning:
                       " first measured pace would have", self.origin, abs(loss),
                       "slower" if loss >= 0 else "faster")
         self.explorer = None
-        self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
+        self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs, earlier=self.history)
         self._enter(Phase.SETTLED, settled=c)
         self.last_search_at = self.epochs_done
         self.reference_wait = None
@@ -762,7 +762,7 @@ class Tuning:
                 log.info("autotune: the loader at %s has filled its cache; measuring it against %s",
                          self.origin, settled.label())
                 self.search_epochs = 0
-                self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
+                self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs, earlier=self.history)
                 self.load_since = cpu_snapshot()
                 self.explorer = Explorer.challenge(self.space, self.baseline, [*cached, settled],
                                                    self.ledger)
@@ -772,7 +772,7 @@ class Tuning:
         log.info("autotune: %s", self.why)
         settled = self.settled
         self.search_epochs = 0
-        self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs)
+        self.ledger = Ledger(self.plan.dataset_len, self.plan.epochs, earlier=self.history)
         self.load_since = cpu_snapshot()
         if self.slow >= SLOW_EPOCHS and settled != self.baseline:
             if self.space is None:

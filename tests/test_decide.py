@@ -284,6 +284,35 @@ def test_workers_that_stop_every_epoch_pay_their_stop_in_the_score() -> None:
     assert [r.score for r in led.by_candidate[stopping]] == pytest.approx([after[stopping]] * 2)
 
 
+def test_a_start_up_the_loop_did_not_wait_for_is_scored_as_one_it_did() -> None:
+    # 4 epochs of 1,000 samples at 1,000 samples/s; the user's 16 workers start in 0.3 s each epoch.
+    # A stretch served on workers already running reads 0 s to its first batch; the run still pays
+    # 0.3 s every epoch, so it is scored as the start-ups the loop waited for say, whichever came first.
+    workers = Candidate(32, num_workers=16, prefetch_factor=2)
+
+    def window(startup_s: float, seen: bool) -> Measurement:
+        return Measurement(samples_per_s=1000.0, busy=0.5, wait_fraction=0.5, step_ms=1.0, wait_ms=1.0,
+                           startup_s=startup_s, batches=10, samples=320, window_s=1.0,
+                           peak_memory_bytes=0, startup_seen=seen)
+
+    full = 4000 / (4 * 0.3 + 4)
+    led = Ledger(dataset_len=1000, epochs=4)
+    led.record(workers, "final", "complete", m=window(0.0, False))
+    assert led.by_candidate[workers][0].score == pytest.approx(4000 / 4)  # nothing better known yet
+    led.record(workers, "final", "complete", m=window(0.2, True))
+    led.record(workers, "final", "complete", m=window(0.4, True))  # the median of the two: 0.3 s
+    led.record(workers, "final", "complete", m=window(0.01, False))
+    scores = [r.score for r in led.by_candidate[workers]]
+    assert scores[0] == scores[3] == pytest.approx(full)  # the one before them scored again too
+    assert scores[1] == pytest.approx(4000 / (4 * 0.2 + 4)) and led.best_score == pytest.approx(scores[1])
+    # A later search of the same loader scores its own unseen start-ups by the earlier ones.
+    later = Ledger(dataset_len=1000, epochs=4, earlier=led.records)
+    assert later.record(workers, "final", "complete", m=window(0.0, False)).score == pytest.approx(full)
+    # Read back from a result's trials, the records score as they did.
+    again = Ledger.replayed(led.records, 1000, 4)
+    assert [r.score for r in again.records] == pytest.approx([r.score for r in led.records])
+
+
 def test_a_cache_pick_is_decided_with_its_build_and_reported_once_built() -> None:
     # 4 epochs of 1,000 samples. The baseline reads 1,000 samples/s; the cache reads 5,000 once built,
     # and its build took 2 s: over a run that builds it, 4 s against 2.8 s (1.43x); every run after

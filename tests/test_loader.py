@@ -539,6 +539,10 @@ def test_the_next_candidate_starts_while_the_last_batches_are_served(no_leaked_c
         others = [t for t in tuning.trials if t.candidate != base and t.state == "complete"]
         assert others, [(t.candidate.label(), t.state, t.reason) for t in tuning.trials]
         assert all(t.candidate.num_workers == 2 for t in tuning.trials)
+        # The first stretch waited for its workers to start; one started ahead did not, and says so
+        # (NOTE [ Start-ups the loop waits for ] in autotune/decide.py).
+        seen = [t.measurement.startup_seen for t in tuning.trials if t.measurement is not None]
+        assert seen[0] and not all(seen), seen
     assert got == expected
 
 

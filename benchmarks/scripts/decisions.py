@@ -177,11 +177,8 @@ def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
     if base is None or chosen == base or result.speedup is None:
         return None
     starts = [i for i, t in enumerate(trials) if t.number == 0]
-    ledger = Ledger(dataset_len, EPOCHS)
-    for t in trials[starts[-1]:]:
-        ledger.records.append(t)
-        ledger._count(t)
-    ledger.stop_per_worker_s = _stop_per_worker(ledger.records, dataset_len)
+    last = trials[starts[-1]:]
+    ledger = Ledger.replayed(last, dataset_len, EPOCHS, _stop_per_worker(last, dataset_len))
     diffs, variances = ledger.paired_logs(chosen, base, built=False)
     weights = [1.0 / v for v in variances]
     weighted = sum(w * d for w, d in zip(weights, diffs, strict=True)) / sum(weights) if diffs else None
@@ -212,7 +209,7 @@ def _stop_per_worker(records: list[Any], dataset_len: int) -> float:
     autotune/decide.py), solved from a record of process workers; 0 where there is none."""
     for r in records:
         m, c = r.measurement, r.candidate
-        if m is None or not r.score or c.num_workers == 0 or c.worker_kind != "process":
+        if m is None or not r.score or not m.startup_seen or c.num_workers == 0 or c.worker_kind != "process":
             continue
         startups = 1 if c.persistent_workers else EPOCHS
         run_s = EPOCHS * dataset_len / r.score
