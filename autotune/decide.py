@@ -27,7 +27,10 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 # reported against them read 1.74x where a plain loop over the returned loader read 1.96x. So such a
 # measurement (``startup_seen`` false) is scored with the median of its candidate's start-ups the
 # loop did wait for, in this search or an earlier one of the same loader (``Ledger(earlier=...)``),
-# and with its own where there is none.
+# and with its own where there is none. Over the decision benchmark's grid (one repeat, quiet and
+# beside a busy core), the reported speed-up then lay within 15 % of a plain loop's on 34 of 37
+# wins, against 30 of 38 before; its `tabular` rows with workers written went from 0.81-0.87 of the
+# plain loop to 0.94-1.06.
 #
 # NOTE [ Decisions ]
 # 1. The baseline is what the user runs: the settings they wrote, or PyTorch's defaults where they
