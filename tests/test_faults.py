@@ -876,6 +876,13 @@ def test_a_ctrl_c_while_a_worker_is_forked_is_never_lost(ctrl_c: None, no_leaked
         del loader
 
 
+# A Ctrl-C lands between any two bytecodes. Where it lands while the main thread receives a batch's
+# shared storage from a worker (multiprocessing's resource sharer opens a Unix socket to it), the
+# standard library's half-made connection is left to the collector, which closes its socket with a
+# ResourceWarning (NOTE [ Interrupting the main thread ] in autotune/supervise.py: the watchdog's
+# own signal waits outside that code; a Ctrl-C is not held back there). The socket is closed then,
+# within this test (the collection below); what the test asks is a prompt stop and an intact store.
+@pytest.mark.filterwarnings("ignore:unclosed <socket.socket:ResourceWarning")
 def test_sigint_from_outside_stops_promptly_and_leaves_the_store(clean: Path, ctrl_c: None) -> None:
     stored = _seed_store(clean)
     main = threading.main_thread().ident
@@ -898,6 +905,7 @@ def test_sigint_from_outside_stops_promptly_and_leaves_the_store(clean: Path, ct
             tune_loader(Vectors(4096, delay_s=0.004), batch_size=8, budget_s=60, **QUICK)
     finally:
         timer.cancel()
+        gc.collect()  # what the interrupt left half-made is closed here, not in a later test
     assert fired.is_set()
     assert time.monotonic() - t0 < 30
     folder = clean / profiles.PROFILES_SUBDIR
