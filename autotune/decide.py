@@ -201,6 +201,16 @@ def _run_seconds(m: Measurement, c: Candidate, dataset_len: int, epochs: int,
     return m.build_s + (m.startup_s + stop_s) * startups, epochs * dataset_len / m.samples_per_s
 
 
+def pair_means(diffs: Sequence[float], variances: Sequence[float]
+               ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Two estimates of paired differences (NOTE [ Decisions ] 3), each with its variance: their
+    mean weighted by the variances their windows' batches give, and their plain mean with the
+    variance of their spread (at least two pairs)."""
+    weights = [1.0 / v for v in variances]
+    weighted = sum(w * d for w, d in zip(weights, diffs, strict=True)) / sum(weights)
+    return (weighted, 1.0 / sum(weights)), (statistics.fmean(diffs), statistics.variance(diffs) / len(diffs))
+
+
 def estimate_workers(baseline: Measurement, bound: int) -> int:
     """Workers that would keep the step busy, from a measurement without workers.
 
@@ -406,10 +416,9 @@ class Ledger:
                  stop_per_worker_s: float = 0.0) -> Ledger:
         """A ledger of ``records`` as they were recorded (a search's trials read back from its
         result), scored again with workers that take ``stop_per_worker_s`` each to stop."""
-        ledger = cls(dataset_len, epochs)
-        ledger.records = list(records)
-        for rec in ledger.records:
-            ledger._learn_startup(rec.candidate, rec.measurement)
+        records = list(records)
+        ledger = cls(dataset_len, epochs, earlier=records)
+        ledger.records = records
         ledger.stop_per_worker_s = stop_per_worker_s
         ledger._rescore()
         return ledger
@@ -595,14 +604,11 @@ class Ledger:
         n = len(diffs)
         if n < MIN_PAIRS:
             return None
-        weights = [1.0 / v for v in variances]
-        within = 1.0 / sum(weights)
-        between = statistics.variance(diffs) / n
+        (weighted, within), (plain, between) = pair_means(diffs, variances)
         if within >= between:  # the batches account for the pairs' spread: weigh each by them
-            diff = sum(w * d for w, d in zip(weights, diffs, strict=True)) / sum(weights)
-            var, df = within, 2 * BLOCK_DEGREES * n
+            diff, var, df = weighted, within, 2 * BLOCK_DEGREES * n
         else:  # they do not: no pair is surer than another, and the estimate is their plain mean
-            diff, var, df = statistics.fmean(diffs), between, n - 1
+            diff, var, df = plain, between, n - 1
         half = t_quantile(df, confidence) * math.sqrt(var)
         return Verdict(math.exp(diff), math.exp(diff - half), math.exp(diff + half), confidence, df)
 

@@ -169,7 +169,7 @@ def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
     few) and that of the median scores; with the pairs' count, whether their spread exceeded what
     their batches say, and the verdict of that search again (``this_search``: the reported figure,
     where the report came from it). ``None`` where the baseline was kept or never measured."""
-    from autotune.decide import Ledger
+    from autotune.decide import Ledger, pair_means
 
     trials = list(result.trials)
     base = next((t.candidate for t in trials if t.phase == "baseline"), None)
@@ -180,9 +180,13 @@ def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
     last = trials[starts[-1]:]
     ledger = Ledger.replayed(last, dataset_len, EPOCHS, _stop_per_worker(last, dataset_len))
     diffs, variances = ledger.paired_logs(chosen, base, built=False)
-    weights = [1.0 / v for v in variances]
-    weighted = sum(w * d for w, d in zip(weights, diffs, strict=True)) / sum(weights) if diffs else None
-    spread_wins = len(diffs) > 1 and statistics.variance(diffs) / len(diffs) > 1.0 / sum(weights)
+    weighted = plain = None
+    spread_wins = False
+    if len(diffs) > 1:
+        (weighted, within), (plain, between) = pair_means(diffs, variances)
+        spread_wins = between > within
+    elif diffs:
+        weighted = plain = diffs[0]
 
     def median_score(recs: Any) -> float:
         return statistics.median(math.exp(x) for x in ledger._log_scores(recs, False))
@@ -196,7 +200,7 @@ def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
     again = ledger.verdict(chosen, base, built=False)
     return {
         "pairs": len(diffs), "spread_exceeds_batches": spread_wins,
-        "paired_mean": math.exp(statistics.fmean(diffs)) if diffs else None,
+        "paired_mean": math.exp(plain) if plain is not None else None,
         "paired_weighted": math.exp(weighted) if weighted is not None else None,
         "geometric_means": math.exp(means),
         "median_scores": median_score(mine) / median_score(base_recs),
