@@ -39,6 +39,13 @@ and what serves it (the inner loader kept, the thread count, the base seed) in `
 # room: a run of two such epochs would end undecided; there the search explores while the cache
 # fills), and not under torchrun (the ranks' caches fill apart). That epoch does not count against
 # MAX_SEARCH_EPOCHS: it measured nothing but the baseline.
+#
+# NOTE [ The baseline's epoch ]
+# The same holds for a first epoch that the baseline's first stretch held whole: on short epochs the
+# stretch that settles in (NOTE [ The first stretch settles in ] in epochs.py) of many workers may
+# take all of one (16 workers, two batches each: 73 items, twice that to settle in, every one of the
+# 128 batches of a 4,096-image epoch). That epoch too measured nothing but the baseline; counted, it
+# left the search one epoch, whose finals measured the baseline once at most.
 """
 
 from __future__ import annotations
@@ -65,17 +72,15 @@ from .exceptions import CandidateError, ProfileStoreError, ProfileStoreWarning
 from .machine import CpuSnapshot, cpu_snapshot, others_load
 from .measure import Measurement
 from .online import (
-    MAX_STRETCH_FRACTION,
     MIN_BESIDE_STEP_TO_EXPLORE,
     MIN_STRETCH_WINDOW_S,
     MIN_WAIT_TO_EXPLORE,
     STRETCH_WINDOW_S,
     STRETCHES_PER_EPOCH,
-    UNSIZED_STRETCH,
     Explorer,
     Outcome,
     drained_items,
-    stretch_items,
+    stretch_length,
 )
 from .plan import CUDA_DATA, Plan
 from .result import TuneResult, from_decision, lookup
@@ -247,6 +252,11 @@ class Tuning:
         """A stored choice's load and the CPU times since it serves, until others' load is read."""
         self.load_since = plan.cpu_at_start
         """The CPU times when the latest search began: its result's load is read from them."""
+        self.others_served = False
+        """Whether this epoch served a stretch other than the baseline's first (NOTE [ The
+        baseline's epoch ])."""
+        self.room: int | None = None
+        """Items the epoch has left for the next stretch (``None``: not known)."""
         self.held_for_fill = False
         """Whether this epoch's search waits for the ram cache to fill (``filling_first``)."""
         self.beside_step = 0.0
@@ -301,6 +311,7 @@ class Tuning:
         if self.explorer is None:
             return (self.baseline, "baseline") if not self.ledger.records else None
         self.explorer.cache_ready = self.cache_ready()
+        self.explorer.room = self.room
         if self.filling_first():
             self.held_for_fill = True
             return None
@@ -350,8 +361,7 @@ class Tuning:
     def stretch_length(self, c: Candidate, epoch_items: int | None) -> int:
         """Items one measured stretch of ``c`` may serve (NOTE [ Epochs and stretches ] in epochs.py):
         what its measurement needs, at least, and a share of the epoch."""
-        share = int(MAX_STRETCH_FRACTION * epoch_items) if epoch_items else UNSIZED_STRETCH
-        return max(share, stretch_items(c))
+        return stretch_length(c, epoch_items)
 
     def window_s(self, epoch_items: int | None) -> float:
         """STRETCH_WINDOW_S, or a 1/STRETCHES_PER_EPOCH share of an epoch at the baseline's rate."""
@@ -378,6 +388,8 @@ class Tuning:
                 return  # no window yet: the baseline serves again
             self._start_search()
         assert self.explorer is not None
+        if outcome.phase != "baseline":
+            self.others_served = True
         _log_outcome(outcome, self.origin)
         if outcome.loading_beside_step is not None:
             self.beside_step = outcome.loading_beside_step
@@ -420,6 +432,7 @@ class Tuning:
         self.explorer = Explorer(space, self.baseline, self.ledger, allowed_fields=self.fixed.fields(),
                                  cache_build_s=build_s,
                                  longest_stretch=self.epoch_items // 2 if self.epoch_items else None,
+                                 epoch_items=self.epoch_items,
                                  cpus=self._cpus(), shared_cache=self._shared_cache(),
                                  gathered_cache=self._gathered_cache())
         self.explorer.cache_ready = self.cache_ready()
@@ -693,9 +706,10 @@ class Tuning:
 
     def end_search_epoch(self) -> Candidate | None:
         """An epoch of searching ended; the configuration settled on when the search is over."""
-        self.epochs_done += 1
-        if not self.held_for_fill:  # one that only filled the cache measured nothing but its first stretch
+        if not (self.held_for_fill or self._baseline_alone()):
             self.search_epochs += 1
+        self.epochs_done += 1
+        self.others_served = False
         self.held_for_fill = False
         allowed = max(1, min(MAX_SEARCH_EPOCHS, self.plan.epochs - 1))
         if self.phase not in MEASURING or self.search_epochs < allowed:
@@ -704,6 +718,11 @@ class Tuning:
             self._enter(Phase.SETTLED, settled=self.baseline)
             return self.baseline
         return self.settle(self.force_decision(), phase_note=" (the search ran out of epochs)")
+
+    def _baseline_alone(self) -> bool:
+        """Whether the first epoch served the baseline's first stretch, measured, and nothing else
+        (NOTE [ The baseline's epoch ]): it held the whole epoch."""
+        return self.epochs_done == 0 and not self.others_served and self.baseline in self.ledger.by_candidate
 
     def end_settled_epoch(self, samples: int, wall_s: float, wait_s: float) -> None:
         self.epochs_done += 1

@@ -294,3 +294,22 @@ def test_the_workers_stop_measured_is_scored_from_the_next_outcome_on() -> None:
     assert nxt is not None
     t.record(Outcome(nxt[0], nxt[1], measurement(1000.0), samples=640, wall_s=0.64))
     assert len(t.stops) == STOPS_KEPT and t.ledger.stop_per_worker_s == pytest.approx(0.02)
+
+
+def test_a_first_epoch_the_baseline_s_first_stretch_held_whole_leaves_the_search_its_epochs() -> None:
+    # NOTE [ The baseline's epoch ]: that epoch measured nothing but the baseline, as one held for a
+    # cache to fill; the epochs that search count.
+    plan = make_plan(Indexed(), None, batch_size=16, budget_s=None, device="cpu", epochs=4,
+                     pretransform="none", max_workers=None, memory_budget_bytes=None,
+                     batch_timeout_s=None, shuffle=True, collate_fn=None, seed=0, read_samples=False)
+    t = Tuning(plan, Fixed(), BASE, store_args=None, origin="train.py:1", reads_in_main=True,
+               threads_allowed=True)
+    assert t.next_candidate() == (BASE, "baseline")
+    t.record(Outcome(BASE, "baseline", measurement(100.0), samples=640, wall_s=6.4))
+    assert t.end_search_epoch() is None
+    assert t.search_epochs == 0
+    nxt = t.next_candidate()
+    assert nxt is not None and nxt[0] != BASE
+    t.record(Outcome(nxt[0], nxt[1], measurement(150.0), samples=640, wall_s=640 / 150.0))
+    assert t.end_search_epoch() is None
+    assert t.search_epochs == 1
