@@ -720,7 +720,6 @@ class SearchDriver(Driver):
         t = self.tuning
         if t.settled is not None:
             return self._stretch(t.settled, None, None)
-        t.room = self.feed.left() if self.feed is not None else None
         nxt = t.next_candidate()
         if nxt is None:
             decision = t.decision_due()

@@ -48,12 +48,6 @@ class Feed:
         return bool(self._back) or (not self._ended and self._length is not None
                                     and self._pulled < self._length)
 
-    def left(self) -> int | None:
-        """Items known left, without drawing from the sampler (``None`` where it has no length)."""
-        if self._length is None:
-            return None
-        return len(self._back) + max(0, self._length - self._pulled)
-
     def exhausted(self) -> bool:
         """Whether every item the sampler's length promises was taken and none given back (the
         sampler may still yield more past its length: :meth:`drained` tells)."""

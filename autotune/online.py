@@ -53,11 +53,6 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 #    finals end there. They also end after any round where the pick already wins at the stricter
 #    interim confidence (NOTE [ Decisions ] 5 in decide.py): a clear win is not measured again.
 #    The same holds for a filled cache's check (``challenge``), which is played as finals.
-#    A round is served in its order unless the epoch has too few items left for all of its
-#    stretches; then the one whose window needs the most items goes first, where they are left (16
-#    workers need 51, a cache read in the main process 10). Served last, the user's 16 workers found
-#    32 items of a 128-batch epoch left, measured nothing, and the search ended with the baseline's
-#    cold first stretch its only measurement.
 # 6. A settled configuration that measures slower than the baseline's rate is checked again
 #    (``recheck``): RECHECK_ROUNDS rounds of it against the baseline, decided by the same rule; the
 #    baseline is used again unless the settled configuration still wins with confidence.
@@ -153,13 +148,6 @@ def stretch_items(c: Candidate) -> int:
     return WARMUP_BATCHES + 2 * backlog + STRETCH_MIN_BATCHES + 1
 
 
-def stretch_length(c: Candidate, epoch_items: int | None) -> int:
-    """Items one measured stretch of ``c`` may serve (NOTE [ Epochs and stretches ] in epochs.py):
-    what its measurement needs, at least, and a share of the epoch."""
-    share = int(MAX_STRETCH_FRACTION * epoch_items) if epoch_items else UNSIZED_STRETCH
-    return max(share, stretch_items(c))
-
-
 def drained_items(c: Candidate) -> int:
     """Items a measured stretch of ``c`` needs where the loop waits for data (the search explores
     only there): the warm-up, the workers' first round, and a drained window."""
@@ -200,10 +188,6 @@ class Explorer:
     """The estimated build time of a cache (``None``: unknown or no cache applies)."""
     longest_stretch: int | None = None
     """Items one measured stretch may take (a share of the epoch); ``None``: no bound."""
-    epoch_items: int | None = None
-    """Items an epoch has (``None``: no length)."""
-    room: int | None = None
-    """Items the epoch has left when the next stretch starts (``None``: not known)."""
     cache_ready: bool = True
     """Whether a ram cache that fills from the loading pass is full enough to be measured."""
     cpus: int | None = None
@@ -315,8 +299,8 @@ class Explorer:
 
     def _played(self, c: Candidate) -> None:
         """A stretch of the round in progress was served: the round moves on."""
-        if self.phase in ("final", "recheck") and self.rounds and c in self.rounds[0]:
-            self.rounds[0].remove(c)
+        if self.phase in ("final", "recheck") and self.rounds and self.rounds[0] and self.rounds[0][0] == c:
+            self.rounds[0].pop(0)
 
     def _after_baseline(self, o: Outcome) -> None:
         m = o.measurement
@@ -579,16 +563,7 @@ class Explorer:
         if not self.rounds:
             self._after_rounds()
             return None if self.decision is not None else self._next_in_rounds()
-        return self._with_room(self.rounds[0]), self.phase
-
-    def _with_room(self, left: list[Candidate]) -> Candidate:
-        """The next of a round's ``left`` stretches (NOTE 5): in their order, unless the epoch has
-        too few items left for all of them; then the one whose window needs the most items, where
-        they are left, so that it is measured before the epoch ends."""
-        if self.room is None or len(left) < 2 or self.room >= sum(
-                stretch_length(c, self.epoch_items) for c in left):
-            return left[0]
-        return max((c for c in left if drained_items(c) <= self.room), key=drained_items, default=left[0])
+        return self.rounds[0][0], self.phase
 
     def _after_rounds(self) -> None:
         decision = self.ledger.decide(self.finalists or [self.baseline], self.baseline)

@@ -72,15 +72,17 @@ from .exceptions import CandidateError, ProfileStoreError, ProfileStoreWarning
 from .machine import CpuSnapshot, cpu_snapshot, others_load
 from .measure import Measurement
 from .online import (
+    MAX_STRETCH_FRACTION,
     MIN_BESIDE_STEP_TO_EXPLORE,
     MIN_STRETCH_WINDOW_S,
     MIN_WAIT_TO_EXPLORE,
     STRETCH_WINDOW_S,
     STRETCHES_PER_EPOCH,
+    UNSIZED_STRETCH,
     Explorer,
     Outcome,
     drained_items,
-    stretch_length,
+    stretch_items,
 )
 from .plan import CUDA_DATA, Plan
 from .result import TuneResult, from_decision, lookup
@@ -255,8 +257,6 @@ class Tuning:
         self.others_served = False
         """Whether this epoch served a stretch other than the baseline's first (NOTE [ The
         baseline's epoch ])."""
-        self.room: int | None = None
-        """Items the epoch has left for the next stretch (``None``: not known)."""
         self.held_for_fill = False
         """Whether this epoch's search waits for the ram cache to fill (``filling_first``)."""
         self.beside_step = 0.0
@@ -311,7 +311,6 @@ class Tuning:
         if self.explorer is None:
             return (self.baseline, "baseline") if not self.ledger.records else None
         self.explorer.cache_ready = self.cache_ready()
-        self.explorer.room = self.room
         if self.filling_first():
             self.held_for_fill = True
             return None
@@ -361,7 +360,8 @@ class Tuning:
     def stretch_length(self, c: Candidate, epoch_items: int | None) -> int:
         """Items one measured stretch of ``c`` may serve (NOTE [ Epochs and stretches ] in epochs.py):
         what its measurement needs, at least, and a share of the epoch."""
-        return stretch_length(c, epoch_items)
+        share = int(MAX_STRETCH_FRACTION * epoch_items) if epoch_items else UNSIZED_STRETCH
+        return max(share, stretch_items(c))
 
     def window_s(self, epoch_items: int | None) -> float:
         """STRETCH_WINDOW_S, or a 1/STRETCHES_PER_EPOCH share of an epoch at the baseline's rate."""
@@ -432,7 +432,6 @@ class Tuning:
         self.explorer = Explorer(space, self.baseline, self.ledger, allowed_fields=self.fixed.fields(),
                                  cache_build_s=build_s,
                                  longest_stretch=self.epoch_items // 2 if self.epoch_items else None,
-                                 epoch_items=self.epoch_items,
                                  cpus=self._cpus(), shared_cache=self._shared_cache(),
                                  gathered_cache=self._gathered_cache())
         self.explorer.cache_ready = self.cache_ready()

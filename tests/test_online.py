@@ -594,20 +594,3 @@ def test_a_cache_sure_of_its_win_ends_its_check_early() -> None:
 
     assert len(check(0.04)) == 2 * 2
     assert len(check(0.4)) == 2 * RECHECK_ROUNDS
-
-
-def test_a_round_the_epoch_cannot_hold_measures_the_stretch_needing_most_items_first() -> None:
-    # 16 workers need 51 items for a drained window (2 + 16 + 32 + 1), the cache 10. With 64 of a
-    # 128-item epoch left, the round's two stretches (73 and 32 items) do not both fit: the baseline
-    # goes first, so that it is measured before the epoch ends, and the cache after it. With fewer
-    # items left than its window needs, or room for both, the round's order stands.
-    base = Candidate(32, num_workers=16, prefetch_factor=2)
-    cached = Candidate(32, pretransform="ram")
-    ex = Explorer.challenge(SPACE, base, [cached], Ledger(4096, 4))
-    ex.epoch_items = 128
-    for room, first in ((None, cached), (200, cached), (40, cached), (64, base)):
-        ex.room = room
-        assert ex.next() == (first, "final"), room
-    ex.record(Outcome(base, "final", measurement(1000.0, 0.5), samples=2048, wall_s=2.0))
-    ex.room = 13
-    assert ex.next() == (cached, "final")
