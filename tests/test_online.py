@@ -9,6 +9,8 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+import pytest
+
 from autotune.decide import Ledger, estimate_workers
 from autotune.epochs import Timeline
 from autotune.measure import Measurement
@@ -433,12 +435,14 @@ def test_a_stretch_that_served_its_whole_epoch_is_measured_whole() -> None:
     assert abs(epoch_s(line.measurement(build_s=0.0, memory=lambda: 0, epoch=True)) / end - 1.0) < 0.03
 
 
-def test_the_drain_at_a_stretch_s_end_is_left_out_of_its_window() -> None:
+@pytest.mark.parametrize("served", [80, 69], ids=["ended", "serving"])
+def test_the_drain_at_a_stretch_s_end_is_left_out_of_its_window(served: int) -> None:
     # NOTE [ The drain at a stretch's end ]: 16 workers keep 31 batches ready behind a 30 ms step,
     # until the stretch's limit stops their sampler; its last 31 items empty the queue, one each.
+    # Its window is measured as it ends, or while it serves (its time came only inside the tail).
     line = Timeline(backlog=32, workers=16, window_s=0.0)
     t = 0.0
-    for i in range(80):
+    for i in range(served):
         line.item(t, t + 0.0001, 32, min(31, 79 - i))
         line.steps.append(0.03)
         t += 0.0301
@@ -447,7 +451,11 @@ def test_the_drain_at_a_stretch_s_end_is_left_out_of_its_window() -> None:
     drained = line.measurement(build_s=0.0, memory=lambda: 0)
     # Without it, the tail's batches count as made before the window.
     assert drained is not None and drained.samples_per_s < 0.5 * pace
-    m = line.measurement(build_s=0.0, memory=lambda: 0, ended=True)
+    if served == 80:
+        m = line.measurement(build_s=0.0, memory=lambda: 0, ended=True)
+    else:
+        line.sampler_done = True
+        m = line.measurement(build_s=0.0, memory=lambda: 0)
     assert m is not None and abs(m.samples_per_s / pace - 1.0) < 0.02, m.samples_per_s
 
 

@@ -31,12 +31,17 @@ class Indexed(Dataset):
         return torch.full((2,), float(i)), i
 
 
-def tuning(result: TuneResult | None = None, settled: Candidate = WORKERS) -> Tuning:
-    plan = make_plan(Indexed(), None, batch_size=16, budget_s=None, device="cpu", epochs=20,
-                     pretransform="none", max_workers=None, memory_budget_bytes=None,
+def searching(epochs: int = 20, pretransform: str = "none", baseline: Candidate = BASE) -> Tuning:
+    """A drop-in loader's tuning over ``epochs``, nothing served yet."""
+    plan = make_plan(Indexed(), None, batch_size=16, budget_s=None, device="cpu", epochs=epochs,
+                     pretransform=pretransform, max_workers=None, memory_budget_bytes=None,
                      batch_timeout_s=None, shuffle=True, collate_fn=None, seed=0, read_samples=False)
-    t = Tuning(plan, Fixed(), BASE, store_args=None, origin="train.py:1", reads_in_main=True,
-               threads_allowed=True)
+    return Tuning(plan, Fixed(), baseline, store_args=None, origin="train.py:1", reads_in_main=True,
+                  threads_allowed=True)
+
+
+def tuning(result: TuneResult | None = None, settled: Candidate = WORKERS) -> Tuning:
+    t = searching()
     t.settle_from_profile(result or TuneResult(loader_kwargs=settled.loader_kwargs(),
                                                baseline_samples_per_s=1000.0), settled)
     return t
@@ -144,11 +149,7 @@ def test_a_window_too_short_to_read_waits_for_the_next_epoch() -> None:
 
 def filled_and_settled(epochs: int, epochs_done: int) -> Tuning:
     """A search whose ram cache filled from the epochs it loaded, settled on the baseline."""
-    plan = make_plan(Indexed(), None, batch_size=16, budget_s=None, device="cpu", epochs=epochs,
-                     pretransform="ram", max_workers=None, memory_budget_bytes=None,
-                     batch_timeout_s=None, shuffle=True, collate_fn=None, seed=0, read_samples=False)
-    t = Tuning(plan, Fixed(), BASE, store_args=None, origin="train.py:1", reads_in_main=True,
-               threads_allowed=True)
+    t = searching(epochs, pretransform="ram")
     t.record(Outcome(BASE, "baseline", measurement(1000.0), samples=640, wall_s=0.64))
     assert t.filling is not None
     list(DataLoader(t.filling.dataset, batch_size=16, collate_fn=t.filling.collate_fn))  # the epoch's pass
@@ -270,12 +271,8 @@ class _CudaStandIn(torch.Tensor):
 def test_the_workers_stop_measured_is_scored_from_the_next_outcome_on() -> None:
     # The first outcome is recorded before any worker stopped; once stops are timed, the next outcome
     # scores every record with their median (NOTE [ Score ] in decide.py).
-    plan = make_plan(Indexed(), None, batch_size=16, budget_s=None, device="cpu", epochs=20,
-                     pretransform="none", max_workers=None, memory_budget_bytes=None,
-                     batch_timeout_s=None, shuffle=True, collate_fn=None, seed=0, read_samples=False)
     user = Candidate(16, num_workers=4, prefetch_factor=2)
-    t = Tuning(plan, Fixed(), user, store_args=None, origin="train.py:1", reads_in_main=True,
-               threads_allowed=True)
+    t = searching(baseline=user)
     t.record(Outcome(user, "baseline", measurement(1000.0), samples=640, wall_s=0.64))
     (first,) = t.ledger.by_candidate[user]
     assert t.ledger.stop_per_worker_s == 0.0 and first.score == pytest.approx(1000.0)
@@ -299,11 +296,7 @@ def test_the_workers_stop_measured_is_scored_from_the_next_outcome_on() -> None:
 def test_a_first_epoch_the_baseline_s_first_stretch_held_whole_leaves_the_search_its_epochs() -> None:
     # NOTE [ The baseline's epoch ]: that epoch measured nothing but the baseline, as one held for a
     # cache to fill; the epochs that search count.
-    plan = make_plan(Indexed(), None, batch_size=16, budget_s=None, device="cpu", epochs=4,
-                     pretransform="none", max_workers=None, memory_budget_bytes=None,
-                     batch_timeout_s=None, shuffle=True, collate_fn=None, seed=0, read_samples=False)
-    t = Tuning(plan, Fixed(), BASE, store_args=None, origin="train.py:1", reads_in_main=True,
-               threads_allowed=True)
+    t = searching(epochs=4)
     assert t.next_candidate() == (BASE, "baseline")
     t.record(Outcome(BASE, "baseline", measurement(100.0), samples=640, wall_s=6.4))
     assert t.end_search_epoch() is None
