@@ -551,8 +551,7 @@ class Stretch:
     def _sampler_done(self) -> bool:
         """Whether its sampler gave its last item: its limit, or the epoch's."""
         s, feed = self.sampler, self.feed
-        return s is not None and ((s.limit is not None and len(s.taken) >= s.limit)
-                                  or (feed is not None and feed.exhausted()))
+        return s is not None and (s.at_limit() or (feed is not None and feed.exhausted()))
 
     def _seal(self) -> bool:
         """Take no more items and serve the ones taken (NOTE [ Epochs and stretches ], hiding

@@ -108,6 +108,10 @@ class FeedSampler(tud.Sampler[Any]):
             raise TypeError("a stretch of an epoch has no length of its own")
         return self.limit
 
+    def at_limit(self) -> bool:
+        """Whether it took as many items as its limit allows (never, without a limit)."""
+        return self.limit is not None and len(self.taken) >= self.limit
+
 
 class _Taking:
     """One pass of a :class:`FeedSampler`: each ``next()`` takes an item from the feed while the
@@ -122,7 +126,7 @@ class _Taking:
 
     def __next__(self) -> Any:
         s = self._sampler
-        if s.feed is None or (s.limit is not None and len(s.taken) >= s.limit):
+        if s.feed is None or s.at_limit():
             raise StopIteration
         item = s.feed.take()  # StopIteration at the epoch's end
         s.taken.append(item)
