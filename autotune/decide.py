@@ -541,7 +541,9 @@ class Ledger:
             return math.log(rec.score)
         return math.log(self._score(m, rec.candidate, built=False))
 
-    def _log_scores(self, recs: Iterable[TrialRecord], built: bool) -> list[float]:
+    def log_scores(self, recs: Iterable[TrialRecord], built: bool) -> list[float]:
+        """The logarithms of ``recs``' scores, those without one left out (``built`` as for
+        ``verdict``)."""
         return [x for x in (self._log_score(r, built) for r in recs) if x is not None]
 
     def noise(self, baseline: Candidate | None = None, built: bool = True) -> tuple[float, int]:
@@ -552,8 +554,8 @@ class Ledger:
         df = 0
         for c, recs in self.by_candidate.items():
             if c == baseline:
-                recs = self._baseline_records(c)
-            logs = self._log_scores(recs, built)
+                recs = self.baseline_records(c)
+            logs = self.log_scores(recs, built)
             if len(logs) > 1:
                 mean = statistics.fmean(logs)
                 ss += sum((x - mean) ** 2 for x in logs)
@@ -563,7 +565,7 @@ class Ledger:
     def pairs(self, c: Candidate, baseline: Candidate) -> list[tuple[TrialRecord, TrialRecord]]:
         """Each measurement of ``c`` with the measurement of ``baseline`` nearest to it in time (by
         trial number), each used once (NOTE [ Decisions ] 3)."""
-        free = self._baseline_records(baseline)
+        free = self.baseline_records(baseline)
         out = []
         for rec in self.by_candidate.get(c, ()):
             if not free:
@@ -573,7 +575,7 @@ class Ledger:
             out.append((rec, near))
         return out
 
-    def _baseline_records(self, baseline: Candidate) -> list[TrialRecord]:
+    def baseline_records(self, baseline: Candidate) -> list[TrialRecord]:
         """The baseline's measurements a verdict weighs: its first one (phase ``baseline``, taken
         while a process still warms up) only until MIN_PAIRS others stand beside it (NOTE
         [ Decisions ] 3)."""
@@ -621,8 +623,8 @@ class Ledger:
             paired = self._paired_verdict(c, baseline, confidence, built)
             if paired is not None:
                 return paired
-        a = self._log_scores(self.by_candidate.get(c, ()), built)
-        b = self._log_scores(self._baseline_records(baseline) if c != baseline
+        a = self.log_scores(self.by_candidate.get(c, ()), built)
+        b = self.log_scores(self.baseline_records(baseline) if c != baseline
                              else self.by_candidate.get(baseline, ()), built)
         if not a or not b:
             return None
@@ -652,9 +654,9 @@ class Ledger:
         return verdict is not None and self._wins(verdict, challenger, self._baseline_summary(baseline))
 
     def _baseline_summary(self, baseline: Candidate) -> Summary:
-        """The baseline over the measurements a verdict weighs (``_baseline_records``): its median
+        """The baseline over the measurements a verdict weighs (``baseline_records``): its median
         score is then the pace its pairs had, not the cold first stretch's."""
-        return self.summarize(baseline, self._baseline_records(baseline))
+        return self.summarize(baseline, self.baseline_records(baseline))
 
     @staticmethod
     def _wins(verdict: Verdict, challenger: Summary, base: Summary) -> bool:

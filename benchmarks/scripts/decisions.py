@@ -189,14 +189,14 @@ def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
         weighted = plain = diffs[0]
 
     def median_score(recs: Any) -> float:
-        return statistics.median(math.exp(x) for x in ledger._log_scores(recs, False))
+        return statistics.median(math.exp(x) for x in ledger.log_scores(recs, False))
 
-    base_recs = ledger._baseline_records(base)
+    base_recs = ledger.baseline_records(base)
     mine = ledger.by_candidate.get(chosen, ())
     if not mine or not base_recs:
         return None
-    means = statistics.fmean(ledger._log_scores(mine, False)) - statistics.fmean(
-        ledger._log_scores(base_recs, False))
+    means = statistics.fmean(ledger.log_scores(mine, False)) - statistics.fmean(
+        ledger.log_scores(base_recs, False))
     again = ledger.verdict(chosen, base, built=False)
     return {
         "pairs": len(diffs), "spread_exceeds_batches": spread_wins,
