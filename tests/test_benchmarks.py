@@ -457,6 +457,28 @@ def test_decisions_quick_run_measures_the_folder_workload_as_a_script_writes_it(
     assert rounds is None or (len(rounds) == decisions.PLAIN_ROUNDS
                               and run["plain_loop_speedup"] == statistics.median(rounds))
     assert "| folder | w2 |" in (tmp_path / "DECISIONS.md").read_text()
+    if rounds is not None:  # each loader's short windows against its epochs, from the same rounds
+        assert set(run["plain_loop_window_lean"]) == {"users", "made"}
+
+
+def test_window_lean_reads_rare_stalls_high_and_bursts_low() -> None:
+    # A loop that never stalls reads its epoch's rate in every window. One with a stall of 20 ms in
+    # every 40 batches of 2 ms pays for the stalls over the epoch, but most short windows hold none:
+    # they read faster. One whose batches come four at once after a wait reads slower in the median
+    # window than the epoch, where it is the other way round.
+    def arrivals(gaps: list[float]) -> list[float]:
+        t, out = 0.0, []
+        for g in gaps:
+            t += g
+            out.append(t)
+        return out
+
+    assert decisions.window_lean(arrivals([0.002] * 128), 16) == pytest.approx(1.0)
+    stalls = [0.02 if i % 40 == 39 else 0.002 for i in range(128)]
+    assert decisions.window_lean(arrivals(stalls), 16) > 1.1
+    bursts = [0.008 if i % 4 == 0 else 0.0001 for i in range(128)]
+    assert decisions.window_lean(arrivals(bursts), 3) < 1.0
+    assert decisions.window_lean(arrivals([0.002] * 20), 16) is None  # too short for two windows
 
 
 def test_decisions_refuses_an_unknown_workload_by_name() -> None:

@@ -26,7 +26,12 @@ Writes DECISIONS.md and decisions.json to ``benchmarks/results/decisions/`` (``-
 #    mean, their mean weighted by their batches' variances (NOTE [ Decisions ] 3 in
 #    autotune/decide.py uses the one or the other, as the pairs spread), the ratio of the geometric
 #    means of all measurements (the verdict where the pairs are too few), and the ratio of the
-#    median scores, each with the cache built; to hold each against the plain loop.
+#    median scores, each with the cache built; to hold each against the plain loop;
+# 6. in the plain loop's rounds, each loader's short-window lean: the median rate of its windows of
+#    SHORT_WINDOW batches over its epoch's rate (``window_lean``), the median over the rounds. A
+#    window of a few dozen milliseconds seldom holds one of a loop's rare stalls that the epoch pays
+#    for, so it reads the rate above the epoch's where the stalls are rare, and below it where batches
+#    come in bursts; a speed-up read from such windows leans by the ratio of the two leans.
 # The workloads: storage latency (1 ms a read), CPU-bound reads (0.6 ms), a step-bound loop (a 30 ms
 # step, nothing to win), an ImageFolder of PNG files with a fixed pipeline and a random flip, and rows
 # already in memory (a TensorDataset); each with nothing written and with 2, 4 and 16 workers written.
@@ -80,6 +85,10 @@ WRITTEN: dict[str, dict[str, Any]] = {
     "w4": {"num_workers": 4, "pin_memory": True},
     "w16": {"num_workers": 16},
 }
+
+SHORT_WINDOW = 16
+"""Batches of a short window (NOTE [ Decision power ] 6): as many as a fast candidate's measured window
+holds, 15 in 35 ms for the cached loader of the ``folder`` workload."""
 
 PLAIN_ROUNDS = 6
 """Rounds of the plain-loop check (NOTE [ Decision power ] 4): one epoch each is a single pair of
@@ -146,20 +155,53 @@ def _make(workload: str, scratch: str) -> tuple[Any, Any]:
     return {"latency": (Latency(), light), "cpu": (Cpu(), light), "step-bound": (Cheap(), heavy)}[workload]
 
 
-def plain_rounds(users: Any, made: Any, step: Any) -> tuple[list[float], list[float]]:
-    """The user's epoch over the returned choice's, per round, and the two warm-up epochs (the
-    user's, the returned choice's) (NOTE [ Decision power ] 4)."""
+def plain_rounds(users: Any, made: Any, step: Any
+                 ) -> tuple[list[float], list[float], dict[str, float | None]]:
+    """The user's epoch over the returned choice's, per round; the two warm-up epochs (the user's,
+    the returned choice's) (NOTE [ Decision power ] 4); each loader's short-window lean, the median
+    over the rounds (NOTE [ Decision power ] 6)."""
     warm = train(users, step, 1) + train(made, step, 1)
     ratios = []
+    leans: dict[str, list[float]] = {"users": [], "made": []}
+
+    def epoch(name: str, loader: Any) -> float:
+        seconds, arrivals = timed_epoch(loader, step)
+        lean = window_lean(arrivals, SHORT_WINDOW)
+        if lean is not None:
+            leans[name].append(lean)
+        return seconds
+
     for r in range(PLAIN_ROUNDS):
         if r % 2 == 0:
-            theirs = train(users, step, 1)[0]
-            ours = train(made, step, 1)[0]
+            theirs = epoch("users", users)
+            ours = epoch("made", made)
         else:
-            ours = train(made, step, 1)[0]
-            theirs = train(users, step, 1)[0]
+            ours = epoch("made", made)
+            theirs = epoch("users", users)
         ratios.append(theirs / ours)
-    return ratios, warm
+    return ratios, warm, {k: statistics.median(v) if v else None for k, v in leans.items()}
+
+
+def timed_epoch(loader: Any, step: Any) -> tuple[float, list[float]]:
+    """One epoch of the user's loop: its seconds, and when each batch arrived."""
+    arrivals = []
+    t0 = time.perf_counter()
+    for batch in loader:
+        arrivals.append(time.perf_counter())
+        step(batch)
+    return time.perf_counter() - t0, arrivals
+
+
+def window_lean(arrivals: list[float], width: int) -> float | None:
+    """The median rate of an epoch's windows of ``width`` batches over the epoch's own rate, both
+    from its second batch on (the first carries the start-up); ``None``: too short an epoch."""
+    times = arrivals[1:]
+    if len(times) < 2 * width + 1 or times[-1] <= times[0]:
+        return None
+    whole = (len(times) - 1) / (times[-1] - times[0])
+    rates = [width / (times[i + width] - times[i]) for i in range(len(times) - width)
+             if times[i + width] > times[i]]
+    return statistics.median(rates) / whole if rates else None
 
 
 def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
@@ -253,9 +295,10 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
                                    step, 2)[1]
     users_second = train(tud.DataLoader(ds, **kw), step, 2)[1]
     check = warm = None
+    lean: dict[str, float | None] = {}
     if result is not None:
         made = result.make_loader(ds, shuffle=True)
-        check, warm = plain_rounds(tud.DataLoader(ds, **kw), made, step)
+        check, warm, lean = plain_rounds(tud.DataLoader(ds, **kw), made, step)
         made.close()
     best = min(oracle.values())
     decision = "none"
@@ -278,6 +321,7 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
         "plain_loop_speedup": statistics.median(check) if check else None,
         "plain_loop_rounds": check,
         "plain_loop_warmup_s": warm,
+        "plain_loop_window_lean": lean,
         "autotune": autotune.__version__,
     }
 
@@ -328,7 +372,27 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "reported_over_plain_loop": ([round(min(agree), 2), round(statistics.median(agree), 2),
                                       round(max(agree), 2)] if agree else None),
         "within_15_percent_by_estimator": _by_estimator(ok),
+        "short_window_lean": _leans(ok),
     }
+
+
+def _leans(ok: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Over the wins, the median short-window lean of the returned loader, of the user's, and of the
+    first over the second: how far a speed-up read from short windows leans (NOTE [ Decision power ]
+    6). ``None`` where no run recorded them."""
+    made, users, both = [], [], []
+    for r in ok:
+        lean = r.get("plain_loop_window_lean") or {}
+        m, u = lean.get("made"), lean.get("users")
+        if r["decision"] != "win" or m is None or u is None:
+            continue
+        made.append(m)
+        users.append(u)
+        both.append(m / u)
+    if not both:
+        return None
+    return {"returned": round(statistics.median(made), 3), "users": round(statistics.median(users), 3),
+            "speed_up": round(statistics.median(both), 3)}
 
 
 ESTIMATORS = ("paired_mean", "paired_weighted", "geometric_means", "median_scores")
@@ -407,6 +471,12 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
                   f"- undecided at the end: {s['undecided']}",
                   f"- reported speed-up over a plain loop's, where it won (min, median, max):"
                   f" {s['reported_over_plain_loop']}"]
+        if s.get("short_window_lean"):
+            lean = s["short_window_lean"]
+            lines.append(f"- windows of {SHORT_WINDOW} batches in the plain loop, median rate over the"
+                         f" epoch's (NOTE [ Decision power ] 6): the returned loader"
+                         f" {lean['returned']:.3f}, the user's {lean['users']:.3f}, a speed-up read from"
+                         f" them {lean['speed_up']:.3f}")
         if s.get("within_15_percent_by_estimator"):
             lines.append("- within 15 % of the plain loop, by estimator: " + ", ".join(
                 f"{k} {v}" for k, v in s["within_15_percent_by_estimator"].items()))
