@@ -165,7 +165,8 @@ def plain_rounds(users: Any, made: Any, step: Any
     leans: dict[str, list[float]] = {"users": [], "made": []}
 
     def epoch(name: str, loader: Any) -> float:
-        seconds, arrivals = timed_epoch(loader, step)
+        arrivals: list[float] = []
+        (seconds,) = train(loader, step, 1, arrivals=arrivals)
         lean = window_lean(arrivals, SHORT_WINDOW)
         if lean is not None:
             leans[name].append(lean)
@@ -180,16 +181,6 @@ def plain_rounds(users: Any, made: Any, step: Any
             theirs = epoch("users", users)
         ratios.append(theirs / ours)
     return ratios, warm, {k: statistics.median(v) if v else None for k, v in leans.items()}
-
-
-def timed_epoch(loader: Any, step: Any) -> tuple[float, list[float]]:
-    """One epoch of the user's loop: its seconds, and when each batch arrived."""
-    arrivals = []
-    t0 = time.perf_counter()
-    for batch in loader:
-        arrivals.append(time.perf_counter())
-        step(batch)
-    return time.perf_counter() - t0, arrivals
 
 
 def window_lean(arrivals: list[float], width: int) -> float | None:

@@ -242,12 +242,16 @@ def build(name: str, epoch_s: float, s: Settings) -> Built:
 
 
 def train(loader: Any, step: Callable[[Any], Any], epochs: int,
-          after_epoch: Callable[[], None] | None = None) -> list[float]:
-    """The user's loop; the seconds of each epoch."""
+          after_epoch: Callable[[], None] | None = None,
+          arrivals: list[float] | None = None) -> list[float]:
+    """The user's loop; the seconds of each epoch. ``arrivals``, where given, gets the time each batch
+    arrived at."""
     times = []
     for _ in range(epochs):
         t0 = time.perf_counter()
         for batch in loader:
+            if arrivals is not None:
+                arrivals.append(time.perf_counter())
             step(batch)
         times.append(time.perf_counter() - t0)
         if after_epoch is not None:
