@@ -625,7 +625,7 @@ class Ledger:
                 return paired
         a = self.log_scores(self.by_candidate.get(c, ()), built)
         b = self.log_scores(self.baseline_records(baseline) if c != baseline
-                             else self.by_candidate.get(baseline, ()), built)
+                            else self.by_candidate.get(baseline, ()), built)
         if not a or not b:
             return None
         diff = statistics.fmean(a) - statistics.fmean(b)
