@@ -23,6 +23,7 @@ import pytest
 import torch
 from test_imports import run_each_alone  # tests/ is on sys.path, as for conftest.py
 
+from autotune.decide import Ledger, TrialRecord
 from autotune.space import Candidate
 from benchmarks.scripts import decisions, suite  # the checkout's root is on pytest's pythonpath (pyproject)
 
@@ -459,6 +460,15 @@ def test_decisions_quick_run_measures_the_folder_workload_as_a_script_writes_it(
     assert "| folder | w2 |" in (tmp_path / "DECISIONS.md").read_text()
     if rounds is not None:  # each loader's short windows against its epochs, from the same rounds
         assert set(run["plain_loop_window_lean"]) == {"users", "made"}
+    search = run["search"]  # the last search's trials: its ledger replays to the verdict it gave
+    ledger = Ledger.replayed([TrialRecord.from_dict(t) for t in search["trials"]], search["dataset_len"],
+                             decisions.EPOCHS, search["stop_per_worker_s"])
+    assert ledger.tried()
+    est = run["estimators"]
+    if est and est["this_search"]:
+        base = next(t.candidate for t in ledger.records if t.phase == "baseline")
+        chosen = next(c for c in ledger.tried() if c.label() == run["chosen"])
+        assert ledger.verdict(chosen, base, built=False).ratio == pytest.approx(est["this_search"])
 
 
 def test_window_lean_reads_rare_stalls_high_and_bursts_low() -> None:

@@ -26,7 +26,9 @@ Writes DECISIONS.md and decisions.json to ``benchmarks/results/decisions/`` (``-
 #    mean, their mean weighted by their batches' variances (NOTE [ Decisions ] 3 in
 #    autotune/decide.py uses the one or the other, as the pairs spread), the ratio of the geometric
 #    means of all measurements (the verdict where the pairs are too few), and the ratio of the
-#    median scores, each with the cache built; to hold each against the plain loop;
+#    median scores, each with the cache built; to hold each against the plain loop. The record keeps
+#    that search's trials too (``search_records``), so that an estimator not yet written can be read
+#    later on the same runs, against the same plain loop;
 # 6. in the plain loop's rounds, each loader's short-window lean: the median rate of its windows of
 #    SHORT_WINDOW batches over its epoch's rate (``window_lean``), the median over the rounds. A
 #    window of a few dozen milliseconds seldom holds one of a loop's rare stalls that the epoch pays
@@ -209,8 +211,7 @@ def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
     chosen = result.candidate
     if base is None or chosen == base or result.speedup is None:
         return None
-    starts = [i for i, t in enumerate(trials) if t.number == 0]
-    last = trials[starts[-1]:]
+    last = last_search(trials)
     ledger = Ledger.replayed(last, dataset_len, EPOCHS, _stop_per_worker(last, dataset_len))
     diffs, variances = ledger.paired_logs(chosen, base, built=False)
     weighted = plain = None
@@ -239,6 +240,23 @@ def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
         "median_scores": median_score(mine) / median_score(base_recs),
         "this_search": again.ratio if again is not None else None,
     }
+
+
+def last_search(trials: list[Any]) -> list[Any]:
+    """The trials of the last search a result holds (each search numbers its trials from 0)."""
+    starts = [i for i, t in enumerate(trials) if t.number == 0]
+    return trials[starts[-1]:] if starts else trials
+
+
+def search_records(result: Any, dataset_len: int) -> dict[str, Any] | None:
+    """The last search's trials as a result holds them, with the stop cost its scores were made with:
+    what replays its ledger (``Ledger.replayed``), so that another estimator can be read on the same
+    runs (NOTE [ Decision power ] 5)."""
+    if result is None or not result.trials:
+        return None
+    last = last_search(list(result.trials))
+    return {"dataset_len": dataset_len, "stop_per_worker_s": _stop_per_worker(last, dataset_len),
+            "trials": [t.to_dict() for t in last]}
 
 
 def _stop_per_worker(records: list[Any], dataset_len: int) -> float:
@@ -309,6 +327,7 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
         "reported_high": result.speedup_high if result is not None else None,
         "reported_throughput": result.throughput_speedup if result is not None else None,
         "estimators": estimators(result, len(ds)) if result is not None else None,
+        "search": search_records(result, len(ds)),
         "plain_loop_speedup": statistics.median(check) if check else None,
         "plain_loop_rounds": check,
         "plain_loop_warmup_s": warm,
