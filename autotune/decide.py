@@ -50,8 +50,10 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    (One estimate and its variance from one model; against a plain loop over the returned loader
 #    the two means did alike, 25 and 24 of 30 decision-benchmark wins within 15 %.)
 #    The baseline's first measurement, taken while the process still warms up (its first steps are
-#    slower whatever loads them) and a ram cache fills, is left out once MIN_PAIRS others stand
-#    beside it, from the verdict and from the baseline's median score. From MIN_PAIRS pairs on;
+#    slower whatever loads them) and a ram cache fills, is left out once another stands beside it,
+#    from the verdict and from the baseline's median score: one warm measurement is a truer pace
+#    than its mean with a cold one (a run that counted both reported 8.49x where its one pair read
+#    6.86x and a plain loop over the loader it returned 6.05x). From MIN_PAIRS pairs on;
 #    where the windows cannot say (too few batches), the ratio is tested on the logarithms of every
 #    repeated measurement, with the noise from the spread of the repeats themselves (the pooled
 #    variance of each candidate's measurements around its own mean). Either way the noise is
@@ -69,7 +71,7 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    them alike.
 # 5. The finals are sequential: after each round but the last, they end at once where the pick
 #    already wins by rule 3 with its bound at INTERIM_CONFIDENCE (99.5 %) rather than CONFIDENCE
-#    (``decided_early``), once the baseline's cold first measurement no longer counts; the last
+#    (``decided_early``), once the baseline has MIN_PAIRS warm measurements; the last
 #    round's look is at CONFIDENCE. Each look may be wrong, so the
 #    chance of a false win over k rounds is at most 5 % + (k - 1) x 0.5 % (at most 6.5 % in the
 #    drop-in's four rounds), while a clear win is taken after the first or second round instead of
@@ -577,11 +579,9 @@ class Ledger:
 
     def baseline_records(self, baseline: Candidate) -> list[TrialRecord]:
         """The baseline's measurements a verdict weighs: its first one (phase ``baseline``, taken
-        while a process still warms up) only until MIN_PAIRS others stand beside it (NOTE
-        [ Decisions ] 3)."""
+        while a process still warms up) only until another stands beside it (NOTE [ Decisions ] 3)."""
         recs = list(self.by_candidate.get(baseline, ()))
-        later = [r for r in recs if r.phase != "baseline"]
-        return later if len(later) >= MIN_PAIRS else recs
+        return [r for r in recs if r.phase != "baseline"] or recs
 
     def paired_logs(self, c: Candidate, baseline: Candidate, built: bool = True
                     ) -> tuple[list[float], list[float]]:
@@ -645,7 +645,7 @@ class Ledger:
         """Whether the finals may end before their last round (NOTE [ Decisions ] 5): the pick wins
         as ``decide`` would have it win, with its bound at INTERIM_CONFIDENCE."""
         later = [r for r in self.by_candidate.get(baseline, ()) if r.phase != "baseline"]
-        if len(later) < MIN_PAIRS:  # the baseline's cold first measurement would still count
+        if len(later) < MIN_PAIRS:  # one warm window of the baseline cannot show its own spread
             return False
         challenger = self.pick(c for c in finalists if c != baseline)
         if challenger is None:

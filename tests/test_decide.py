@@ -205,6 +205,19 @@ def test_the_baseline_s_cold_first_measurement_is_left_out_once_repeats_stand_be
     assert v is not None and not v.wins and 0.98 < v.ratio < 1.04
 
 
+def test_one_warm_measurement_of_the_baseline_is_its_pace_without_the_cold_one() -> None:
+    # One later baseline window beside the cold first: the speed-up is read against the warm one
+    # (about 1.0x), not against its mean with the cold one (about 1.4x).
+    led = Ledger(dataset_len=None, epochs=1)
+    led.record(BASE, "baseline", "complete", m=m(50.0))
+    led.record(FAST, "search", "complete", m=m(101.0))
+    led.record(FAST, "final", "complete", m=m(99.0))
+    led.record(BASE, "final", "complete", m=m(100.0))
+    v = led.verdict(FAST, BASE)
+    assert v is not None and not v.wins and 0.98 < v.ratio < 1.02
+    assert led.summarize(BASE, led.baseline_records(BASE)).score == pytest.approx(100.0)
+
+
 def test_a_confident_gain_under_five_percent_keeps_what_the_user_runs() -> None:
     # 4 % faster in every pair, surely: a gain the user would not notice is no reason for a change.
     led = _paired([(104.0, 100.0), (104.2, 100.1), (103.9, 99.9), (104.1, 100.0)], log_se=0.001)
