@@ -551,6 +551,29 @@ def test_a_filled_cache_is_tried_before_any_worker_count() -> None:
     assert c is not None and c.pretransform == "none" and c.num_workers > 0, c
 
 
+def test_a_cache_that_fills_while_the_finals_play_joins_them() -> None:
+    # The cache fills while the worker counts are explored and their finals begin: once it is full,
+    # the next stretch tries it, and the finals start again with it among them; it wins there, in the
+    # same search, not in a check after the search settled on a worker count.
+    space = replace(SPACE, pretransforms=("none", "ram"))
+    ex = Explorer(space, BASE, Ledger(50_000, 10), cache_ready=False)
+    served: list[tuple[Candidate, str]] = []
+    while (nxt := ex.next()) is not None and len(served) < 40:
+        c, phase = nxt
+        served.append((c, phase))
+        sps = 1000.0 if c.pretransform == "ram" else 100.0 if c == BASE else 150.0
+        ex.record(Outcome(c, phase, measurement(sps, 0.75 if c == BASE else 0.1), samples=SAMPLES,
+                          wall_s=SAMPLES / sps))
+        if phase == "final":
+            ex.cache_ready = True  # filled by the stretches so far
+    first_final = next(i for i, (_, p) in enumerate(served) if p == "final")
+    assert all(c.pretransform == "none" for c, _ in served[:first_final + 1])
+    joined = served[first_final + 1]
+    assert joined[0].pretransform == "ram" and joined[1] == "online", [(c.label(), p) for c, p in served]
+    assert any(c.pretransform == "ram" and p == "final" for c, p in served[first_final + 1:])
+    assert ex.decision is not None and ex.decision.chosen.candidate.pretransform == "ram"
+
+
 def test_a_candidate_that_hardly_waits_ends_the_search_for_loaders() -> None:
     # The filled cache read by a thread worker waits 2 % of the time: no worker count can win more
     # than that, so none is tried; the finals take the cache against the baseline. The same holds for
