@@ -50,10 +50,13 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    (One estimate and its variance from one model; against a plain loop over the returned loader
 #    the two means did alike, 25 and 24 of 30 decision-benchmark wins within 15 %.)
 #    The baseline's first measurement, taken while the process still warms up (its first steps are
-#    slower whatever loads them) and a ram cache fills, is left out once another stands beside it,
-#    from the verdict and from the baseline's median score: one warm measurement is a truer pace
-#    than its mean with a cold one (a run that counted both reported 8.49x where its one pair read
-#    6.86x and a plain loop over the loader it returned 6.05x). From MIN_PAIRS pairs on;
+#    slower whatever loads them) and a ram cache fills, is left out once another stands beside it
+#    whose window held enough batches to tell its own spread (its ``log_se``), or MIN_PAIRS others,
+#    from the verdict and from the baseline's median score: one such warm measurement is a truer
+#    pace than its mean with a cold one (a run that counted both reported 8.49x where its one pair
+#    read 6.86x and a plain loop over the loader it returned 6.05x), but a window of one round of 16
+#    workers just started is not (alone, it read a run's speed-up 2.0x the plain loop's, 1.5x with
+#    the cold one beside it). From MIN_PAIRS pairs on;
 #    where the windows cannot say (too few batches), the ratio is tested on the logarithms of every
 #    repeated measurement, with the noise from the spread of the repeats themselves (the pooled
 #    variance of each candidate's measurements around its own mean). Either way the noise is
@@ -579,9 +582,12 @@ class Ledger:
 
     def baseline_records(self, baseline: Candidate) -> list[TrialRecord]:
         """The baseline's measurements a verdict weighs: its first one (phase ``baseline``, taken
-        while a process still warms up) only until another stands beside it (NOTE [ Decisions ] 3)."""
+        while a process still warms up) only until another stands beside it that held enough
+        batches to tell its own spread, or MIN_PAIRS others do (NOTE [ Decisions ] 3)."""
         recs = list(self.by_candidate.get(baseline, ()))
-        return [r for r in recs if r.phase != "baseline"] or recs
+        later = [r for r in recs if r.phase != "baseline"]
+        sure = any(r.measurement is not None and r.measurement.log_se is not None for r in later)
+        return later if sure or len(later) >= MIN_PAIRS else recs
 
     def paired_logs(self, c: Candidate, baseline: Candidate, built: bool = True
                     ) -> tuple[list[float], list[float]]:

@@ -4,6 +4,8 @@ tests choose: a stand-in for measurements, so that noise is exactly what each te
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -207,15 +209,21 @@ def test_the_baseline_s_cold_first_measurement_is_left_out_once_repeats_stand_be
 
 def test_one_warm_measurement_of_the_baseline_is_its_pace_without_the_cold_one() -> None:
     # One later baseline window beside the cold first: the speed-up is read against the warm one
-    # (about 1.0x), not against its mean with the cold one (about 1.4x).
-    led = Ledger(dataset_len=None, epochs=1)
-    led.record(BASE, "baseline", "complete", m=m(50.0))
-    led.record(FAST, "search", "complete", m=m(101.0))
-    led.record(FAST, "final", "complete", m=m(99.0))
-    led.record(BASE, "final", "complete", m=m(100.0))
-    v = led.verdict(FAST, BASE)
+    # (about 1.0x), not against its mean with the cold one (about 1.4x), where that window held
+    # enough batches to tell its own spread; one too short to (no log_se) does not replace it.
+    def verdict(warm_se: float | None) -> tuple[Ledger, Any]:
+        led = Ledger(dataset_len=None, epochs=1)
+        led.record(BASE, "baseline", "complete", m=m(50.0))
+        led.record(FAST, "search", "complete", m=m(101.0))
+        led.record(FAST, "final", "complete", m=m(99.0))
+        led.record(BASE, "final", "complete", m=replace(m(100.0), log_se=warm_se))
+        return led, led.verdict(FAST, BASE)
+
+    led, v = verdict(0.01)
     assert v is not None and not v.wins and 0.98 < v.ratio < 1.02
     assert led.summarize(BASE, led.baseline_records(BASE)).score == pytest.approx(100.0)
+    led, v = verdict(None)
+    assert v is not None and 1.3 < v.ratio < 1.5 and len(led.baseline_records(BASE)) == 2
 
 
 def test_a_confident_gain_under_five_percent_keeps_what_the_user_runs() -> None:
