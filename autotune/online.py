@@ -36,7 +36,7 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 #    Where the ram cache fills from the first epoch, the search waits for it (NOTE [ The cache
 #    before the workers ] in tuning.py). On epochs too short for that wait, the cache fills while
 #    the search goes on; one that is full before the finals end is tried at once, and the finals
-#    start again with it among them: a latency-bound folder with 4 workers written spent its second
+#    start again with it among them: a dataset on slow storage with 4 workers written spent its second
 #    epoch on finals between two worker settings a few percent apart and measured the filled cache
 #    only in its third, a run 1.37x the user's where the cache was 6x faster.
 # 4. Exploring is an investment with a bound: every stretch's cost is its wall time minus what the
