@@ -580,12 +580,16 @@ class Ledger:
             out.append((rec, near))
         return out
 
+    def _warm_baseline(self, baseline: Candidate) -> list[TrialRecord]:
+        """The baseline's measurements after its first (phase ``baseline``, taken cold)."""
+        return [r for r in self.by_candidate.get(baseline, ()) if r.phase != "baseline"]
+
     def baseline_records(self, baseline: Candidate) -> list[TrialRecord]:
         """The baseline's measurements a verdict weighs: its first one (phase ``baseline``, taken
         while a process still warms up) only until another stands beside it that held enough
         batches to tell its own spread, or MIN_PAIRS others do (NOTE [ Decisions ] 3)."""
         recs = list(self.by_candidate.get(baseline, ()))
-        later = [r for r in recs if r.phase != "baseline"]
+        later = self._warm_baseline(baseline)
         sure = any(r.measurement is not None and r.measurement.log_se is not None for r in later)
         return later if sure or len(later) >= MIN_PAIRS else recs
 
@@ -650,8 +654,7 @@ class Ledger:
     def decided_early(self, finalists: Sequence[Candidate], baseline: Candidate) -> bool:
         """Whether the finals may end before their last round (NOTE [ Decisions ] 5): the pick wins
         as ``decide`` would have it win, with its bound at INTERIM_CONFIDENCE."""
-        later = [r for r in self.by_candidate.get(baseline, ()) if r.phase != "baseline"]
-        if len(later) < MIN_PAIRS:  # one warm window of the baseline cannot show its own spread
+        if len(self._warm_baseline(baseline)) < MIN_PAIRS:  # one warm window cannot show its spread
             return False
         challenger = self.pick(c for c in finalists if c != baseline)
         if challenger is None:
