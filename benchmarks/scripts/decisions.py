@@ -197,13 +197,15 @@ def window_lean(arrivals: list[float], width: int) -> float | None:
     return statistics.median(rates) / whole if rates else None
 
 
-def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
+def estimators(result: Any, last: list[Any], dataset_len: int, stop_per_worker_s: float
+               ) -> dict[str, Any] | None:
     """The reported speed-up (cache built) by four estimators from the measurements of the last search
     (NOTE [ Decision power ] 5): the pairs' plain mean, their mean weighted by their batches'
     variances, the ratio of the geometric means of all measurements (the verdict where pairs are too
     few) and that of the median scores; with the pairs' count, whether their spread exceeded what
     their batches say, and the verdict of that search again (``this_search``: the reported figure,
-    where the report came from it). ``None`` where the baseline was kept or never measured."""
+    where the report came from it). ``last`` is the last search's trials and ``stop_per_worker_s``
+    the stop cost its scores were made with. ``None`` where the baseline was kept or never measured."""
     from autotune.decide import Ledger, pair_means
 
     trials = list(result.trials)
@@ -211,8 +213,7 @@ def estimators(result: Any, dataset_len: int) -> dict[str, Any] | None:
     chosen = result.candidate
     if base is None or chosen == base or result.speedup is None:
         return None
-    last = last_search(trials)
-    ledger = Ledger.replayed(last, dataset_len, EPOCHS, _stop_per_worker(last, dataset_len))
+    ledger = Ledger.replayed(last, dataset_len, EPOCHS, stop_per_worker_s)
     diffs, variances = ledger.paired_logs(chosen, base, built=False)
     weighted = plain = None
     spread_wins = False
@@ -248,14 +249,11 @@ def last_search(trials: list[Any]) -> list[Any]:
     return trials[starts[-1]:] if starts else trials
 
 
-def search_records(result: Any, dataset_len: int) -> dict[str, Any] | None:
-    """The last search's trials as a result holds them, with the stop cost its scores were made with:
-    what replays its ledger (``Ledger.replayed``), so that another estimator can be read on the same
-    runs (NOTE [ Decision power ] 5)."""
-    if result is None or not result.trials:
-        return None
-    last = last_search(list(result.trials))
-    return {"dataset_len": dataset_len, "stop_per_worker_s": _stop_per_worker(last, dataset_len),
+def search_records(last: list[Any], dataset_len: int, stop_per_worker_s: float) -> dict[str, Any]:
+    """The last search's trials, with the stop cost its scores were made with: what replays its ledger
+    (``Ledger.replayed``), so that another estimator can be read on the same runs (NOTE [ Decision
+    power ] 5)."""
+    return {"dataset_len": dataset_len, "stop_per_worker_s": stop_per_worker_s,
             "trials": [t.to_dict() for t in last]}
 
 
@@ -310,6 +308,8 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
         check, warm, lean = plain_rounds(tud.DataLoader(ds, **kw), made, step)
         made.close()
     best = min(oracle.values())
+    last = last_search(list(result.trials)) if result is not None else []
+    stop = _stop_per_worker(last, len(ds))
     decision = "none"
     if result is not None:
         decision = ("undecided" if result.undecided else "kept" if result.kept_baseline
@@ -326,8 +326,8 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
         "reported_low": result.speedup_low if result is not None else None,
         "reported_high": result.speedup_high if result is not None else None,
         "reported_throughput": result.throughput_speedup if result is not None else None,
-        "estimators": estimators(result, len(ds)) if result is not None else None,
-        "search": search_records(result, len(ds)),
+        "estimators": estimators(result, last, len(ds), stop) if result is not None else None,
+        "search": search_records(last, len(ds), stop) if last else None,
         "plain_loop_speedup": statistics.median(check) if check else None,
         "plain_loop_rounds": check,
         "plain_loop_warmup_s": warm,
