@@ -38,7 +38,8 @@ the choice is ``Ledger.decide`` (NOTE [ Decisions ] in decide.py), as in ``tune_
 #    the search goes on; one that is full before the finals end is tried at once, and the finals
 #    start again with it among them: a dataset on slow storage with 4 workers written spent its second
 #    epoch on finals between two worker settings a few percent apart and measured the filled cache
-#    only in its third, a run 1.37x the user's where the cache was 6x faster.
+#    only in its third, a run 1.37x the user's where the cache was 6x faster. A cache that joined
+#    and lost is not measured again in the check after settling (Tuning.begin_epoch).
 # 4. Exploring is an investment with a bound: every stretch's cost is its wall time minus what the
 #    baseline would have taken for the same samples (start-up and close included) at the first
 #    stretch's rate (measured once the process warmed up: NOTE [ The first stretch settles in ] in

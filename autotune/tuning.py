@@ -771,7 +771,10 @@ class Tuning:
                          " filled cache is not measured", self.origin, 100 * wait, self.settled.label())
                 self.filling = None
                 return
-            cached = [c for c in self._cache_candidates() if c != self.settled]
+            # A ram candidate the search measured was measured full (Explorer tries the cache only
+            # then): it joined that search and lost, and is not measured again.
+            lost = {r.candidate for r in self.history if r.measurement is not None}
+            cached = [c for c in self._cache_candidates() if c != self.settled and c not in lost]
             if cached:
                 settled = self.settled
                 self._enter(Phase.CHECKING_CACHE, f"its filled cache against {settled.label()}")

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from autotune.decide import TrialRecord
 from autotune.machine import CpuSnapshot, cpu_snapshot
 from autotune.measure import Measurement
 from autotune.online import Outcome
@@ -190,6 +191,24 @@ def test_a_filled_cache_is_not_measured_where_the_loop_hardly_waits_for_data() -
     waited.end_settled_epoch(2000, 2.0, 0.6)  # 30 %: measured
     waited.begin_epoch()
     assert waited.settled is None and waited.explorer is not None and waited.explorer.phase == "final"
+
+
+def test_a_cache_that_lost_in_the_search_is_not_measured_again_after_it() -> None:
+    # The cache filled while the search played, joined it (NOTE [ Online search ] 3 in online.py)
+    # and lost: the check an epoch after the search settled would measure what was already decided.
+    t = filled_and_settled(epochs=6, epochs_done=1)
+    cached = t._cache_candidates()
+    assert cached
+    for c in cached:
+        t.history.append(TrialRecord(len(t.history), "final", c, "complete", measurement(900.0), 900.0))
+    t.begin_epoch()
+    assert t.settled == BASE and t.explorer is None
+    # One of them measured: the others still are.
+    t = filled_and_settled(epochs=6, epochs_done=1)
+    t.history.append(TrialRecord(len(t.history), "final", cached[0], "complete", measurement(900.0), 900.0))
+    t.begin_epoch()
+    assert t.explorer is not None
+    assert set(t.explorer.finalists) == {*cached[1:], BASE}
 
 
 ONE_THREAD = Candidate(16, torch_threads=1)
