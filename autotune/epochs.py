@@ -25,6 +25,16 @@
 # the sealed one's. Should the sealed stretch fail while it drains, or the epoch end, the started
 # stretch is closed first (unrecorded), so that each gives back its items in the feed's order.
 #
+# NOTE [ No fork beside thread workers ]
+# A stretch of worker processes does not start ahead while a stretch of thread workers serves its
+# last items: torch forks its workers, and a fork copies every lock of the process as it is, while the
+# threads hold them inside the user's dataset code (an image decoder, an import, an allocator), and
+# no thread is in the child to release them. On a real ImageFolder beside a busy core, 5 worker
+# processes forked while a thread worker decoded: one batch came after 15 s, and the next not within
+# the 20 s an explored candidate is given, an epoch of 48 s where the user's own took 16 s. Such a
+# stretch starts in its turn instead, once the thread stretch has stopped and joined its threads; its
+# start-up is then waited for, and measured as such.
+#
 # NOTE [ Continuing a stretch ]
 # A stretch of the same candidate as the one before it (the baseline measured, then served on; two
 # rounds of the finals meeting at the baseline) serves on the same inner loader, as torch's one
@@ -581,7 +591,9 @@ class Stretch:
         from now to its first item, and its wall time counts from now."""
         self._began()
         self.adopted_from = None
-        self.line.startup_seen = False  # its workers started (or ran) while another stretch served
+        # Its workers started (or ran) while another stretch served; one not started yet (NOTE
+        # [ No fork beside thread workers ]) starts now, and the loop waits for all of its start-up.
+        self.line.startup_seen = self.it is None
 
     def _measured_enough(self, now: float) -> bool:
         if self.line.rate_below(self.abandon_below, now):
@@ -984,6 +996,11 @@ class EpochIterator:
             return
         self._resume_parked(nxt, take_over=False)
         if nxt.it is not None:  # it serves on the parked workers, which wait for no start-up
+            return
+        if sealed.candidate.threaded and nxt.candidate.num_workers and nxt.candidate.worker_kind == "process":
+            # NOTE [ No fork beside thread workers ]: it starts in its turn, the threads stopped.
+            log.debug("autotune: %s starts once %s's threads have stopped", nxt.candidate.label(),
+                      sealed.candidate.label())
             return
         self._driver.tuning.started_ahead += 1
         log.debug("autotune: %s starts while %s serves its last %d items", nxt.candidate.label(),

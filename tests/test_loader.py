@@ -575,6 +575,54 @@ def test_leaving_the_loop_while_a_stretch_starts_ahead_leaves_nothing_behind(no_
     assert got == run(torch_loader, lambda first: len(first) >= len(got[0]))
 
 
+def test_no_worker_process_is_forked_while_thread_workers_load(monkeypatch: Any, no_leaked_children: None
+                                                                ) -> None:
+    # Stretches of thread workers and of worker processes in turn: a fork copies the locks the
+    # threads hold inside the dataset (NOTE [ No fork beside thread workers ] in epochs.py), so the
+    # processes start only once the threads have stopped; the epoch is torch's, sample for sample.
+    from autotune import epochs
+    from autotune.space import Candidate
+    from autotune.threads import THREAD_NAME_PREFIX
+
+    threads = Candidate(16, num_workers=1, prefetch_factor=2, worker_kind="thread")
+    processes = Candidate(16, num_workers=1, prefetch_factor=2)  # not the user's: stopped after each
+
+    class InTurn(epochs.Driver):
+        turn = 0
+
+        def next_stretch(self) -> Any:
+            if self.feed is None or not self.feed.has_more():
+                return None
+            InTurn.turn += 1
+            c = threads if InTurn.turn % 2 else processes
+            return self._stretch(c, "online", 96, window_s=0.0)
+
+    start_epoch = epochs.start_epoch
+    monkeypatch.setattr(epochs, "start_epoch", lambda serving, settings, fresh: InTurn(
+        serving, settings, start_epoch(serving, settings, fresh).feed))
+    beside: list[list[str]] = []
+    started: list[str] = []
+    start = epochs.Stretch.start
+
+    def watched(self: Any) -> None:
+        started.append(self.candidate.worker_kind)
+        if self.candidate.worker_kind == "process" and self.candidate.num_workers:
+            beside.append([t.name for t in threading.enumerate()
+                           if t.name.startswith(THREAD_NAME_PREFIX) and t.is_alive()])
+        start(self)
+
+    monkeypatch.setattr(epochs.Stretch, "start", watched)
+    kw = {"batch_size": 16, "shuffle": True, "num_workers": 2}
+    ds = Remote(768, delay_s=0.002)
+    expected = _torch_epochs(Remote(768, delay_s=0.0), 1, seed=5, **kw)
+    with DataLoader(ds, generator=torch.Generator().manual_seed(5), cache=False, pretransform="none",
+                    **kw) as loader:
+        got = [_epoch(loader)]
+    assert started.count("thread") >= 2 and len(beside) >= 2, started
+    assert beside == [[]] * len(beside), beside
+    assert got == expected
+
+
 class Whose(Remote):
     """Each sample says which process loaded it: its index, then the loading process's pid."""
 
