@@ -56,7 +56,10 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    pace than its mean with a cold one (a run that counted both reported 8.49x where its one pair
 #    read 6.86x and a plain loop over the loader it returned 6.05x), but a window of one round of 16
 #    workers just started is not (alone, it read a run's speed-up 2.0x the plain loop's, 1.5x with
-#    the cold one beside it). From MIN_PAIRS pairs on;
+#    the cold one beside it). Nor does such a window stand beside one that told its spread, cold
+#    or warm: it read 1,443 samples/s where that first one read 6,256, with the plain loop; counting
+#    only windows that tell their spread where any does brought 22 of 28 recorded wins within 15 %
+#    of the plain loop, against 20 (``benchmarks/results/decisions``). From MIN_PAIRS pairs on;
 #    where the windows cannot say (too few batches), the ratio is tested on the logarithms of every
 #    repeated measurement, with the noise from the spread of the repeats themselves (the pooled
 #    variance of each candidate's measurements around its own mean). Either way the noise is
@@ -396,6 +399,11 @@ class Decision:
         return self.kept_baseline and v is not None and v.ratio >= 1.0 + MIN_GAIN and v.open
 
 
+def _tells_spread(r: TrialRecord) -> bool:
+    """Whether a record's window held enough batches to tell its own spread (``log_se``)."""
+    return r.measurement is not None and r.measurement.log_se is not None
+
+
 class Ledger:
     """Every trial of one search, and the rules that decide on them (NOTE [ Decisions ])."""
 
@@ -587,11 +595,13 @@ class Ledger:
     def baseline_records(self, baseline: Candidate) -> list[TrialRecord]:
         """The baseline's measurements a verdict weighs: its first one (phase ``baseline``, taken
         while a process still warms up) only until another stands beside it that held enough
-        batches to tell its own spread, or MIN_PAIRS others do (NOTE [ Decisions ] 3)."""
+        batches to tell its own spread, or MIN_PAIRS others do; and of those, the ones that held
+        enough batches to tell their spread, where any did (NOTE [ Decisions ] 3)."""
         recs = list(self.by_candidate.get(baseline, ()))
         later = self._warm_baseline(baseline)
-        sure = any(r.measurement is not None and r.measurement.log_se is not None for r in later)
-        return later if sure or len(later) >= MIN_PAIRS else recs
+        weighed = later if any(map(_tells_spread, later)) or len(later) >= MIN_PAIRS else recs
+        # A window too short to tell its own spread does not stand beside one that can.
+        return [r for r in weighed if _tells_spread(r)] or weighed
 
     def paired_logs(self, c: Candidate, baseline: Candidate, built: bool = True
                     ) -> tuple[list[float], list[float]]:

@@ -226,6 +226,25 @@ def test_one_warm_measurement_of_the_baseline_is_its_pace_without_the_cold_one()
     assert v is not None and 1.3 < v.ratio < 1.5 and len(led.baseline_records(BASE)) == 2
 
 
+def test_a_baseline_window_too_short_to_tell_its_spread_does_not_stand_beside_one_that_can() -> None:
+    # 16 worker processes started for a short stretch of the finals hand over their first round as
+    # one burst: its window has no standard error, and read 1,443 samples/s where the first window
+    # of the same settings, long enough to tell its spread, read 6,256 and the plain loop agreed
+    # with that one. Beside it, the speed-up read 2.0x what the plain loop measured.
+    led = Ledger(dataset_len=None, epochs=1)
+    led.record(BASE, "baseline", "complete", m=replace(m(100.0), log_se=0.02))
+    led.record(FAST, "search", "complete", m=replace(m(300.0), log_se=0.02))
+    led.record(BASE, "final", "complete", m=m(40.0))
+    v = led.verdict(FAST, BASE)
+    assert v is not None and 2.9 < v.ratio < 3.1
+    assert [r.phase for r in led.baseline_records(BASE)] == ["baseline"]
+    # Where none can tell its spread, the rule before stands: the cold one beside the warm one.
+    led = Ledger(dataset_len=None, epochs=1)
+    led.record(BASE, "baseline", "complete", m=m(100.0))
+    led.record(BASE, "final", "complete", m=m(40.0))
+    assert len(led.baseline_records(BASE)) == 2
+
+
 def test_a_confident_gain_under_five_percent_keeps_what_the_user_runs() -> None:
     # 4 % faster in every pair, surely: a gain the user would not notice is no reason for a change.
     led = _paired([(104.0, 100.0), (104.2, 100.1), (103.9, 99.9), (104.1, 100.0)], log_se=0.001)
