@@ -56,22 +56,23 @@ tie rule, one finalist rule, one test against the baseline, one way to describe 
 #    pace than its mean with a cold one (a run that counted both reported 8.49x where its one pair
 #    read 6.86x and a plain loop over the loader it returned 6.05x), but a window of one round of 16
 #    workers just started is not (alone, it read a run's speed-up 2.0x the plain loop's, 1.5x with
-#    the cold one beside it). Nor does such a window stand beside one that told its spread, cold
-#    or warm: it read 1,443 samples/s where that first one read 6,256, with the plain loop; counting
-#    only windows that tell their spread where any does brought 22 of 28 recorded wins within 15 %
-#    of the plain loop, against 20 (``benchmarks/results/decisions``). From MIN_PAIRS pairs on;
-#    where the windows cannot say (too few batches), the ratio is tested on the logarithms of every
-#    repeated measurement, with the noise from the spread of the repeats themselves (the pooled
-#    variance of each candidate's measurements around its own mean). Either way the noise is
-#    measured, not assumed. The one-sided lower bound of the ratio at CONFIDENCE must be at least
-#    1 + MIN_GAIN, and so must the ratio of the median scores (a gain of a few percent is not worth
-#    changing what the user runs); otherwise the baseline is kept. The bound, not the ratio, must
-#    clear MIN_GAIN: the pick is the best of several, so its ratio leans high, and a true gain of
-#    3-4 % read 1.06x and 1.11x with bounds of 1.01-1.05 (the decision benchmark's in-memory rows,
-#    nothing written). With the bound, a gain under MIN_GAIN changes what the user runs at most as
-#    often as the confidence allows. Without repeats there is no noise estimate and no confident
-#    win. The interval is reported with the speed-up: its two one-sided CONFIDENCE bounds, together
-#    a two-sided interval of 2 * CONFIDENCE - 1 (90 %).
+#    the cold one beside it). Nor does such a window stand beside one that told its spread, cold or
+#    warm: one read 1,443 samples/s where that first one read 6,256, and the plain loop bore the
+#    first one out; counting only windows that tell their spread where any does brought 22 of 28
+#    recorded wins within 15 % of the plain loop, against 20, and six cases with 16 workers written
+#    6 of 6 where they had read 2 of 6 (``benchmarks/results/decisions/w16-windows``). From
+#    MIN_PAIRS pairs on; where the windows cannot say (too few batches), the ratio is tested on the
+#    logarithms of every repeated measurement, with the noise from the spread of the repeats
+#    themselves (the pooled variance of each candidate's measurements around its own mean). Either
+#    way the noise is measured, not assumed. The one-sided lower bound of the ratio at CONFIDENCE
+#    must be at least 1 + MIN_GAIN, and so must the ratio of the median scores (a gain of a few
+#    percent is not worth changing what the user runs); otherwise the baseline is kept. The bound,
+#    not the ratio, must clear MIN_GAIN: the pick is the best of several, so its ratio leans high,
+#    and a true gain of 3-4 % read 1.06x and 1.11x with bounds of 1.01-1.05 (the decision
+#    benchmark's in-memory rows, nothing written). With the bound, a gain under MIN_GAIN changes
+#    what the user runs at most as often as the confidence allows. Without repeats there is no noise
+#    estimate and no confident win. The interval is reported with the speed-up: its two one-sided
+#    CONFIDENCE bounds, together a two-sided interval of 2 * CONFIDENCE - 1 (90 %).
 # 4. Finalists are the best FINALISTS by median score (an out-of-order leader with its in-order twin)
 #    and the baseline, re-measured in interleaved rounds so that a slow drift of a shared machine hits
 #    them alike.
