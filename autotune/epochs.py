@@ -997,7 +997,7 @@ class EpochIterator:
         self._resume_parked(nxt, take_over=False)
         if nxt.it is not None:  # it serves on the parked workers, which wait for no start-up
             return
-        if sealed.candidate.threaded and nxt.candidate.num_workers and nxt.candidate.worker_kind == "process":
+        if sealed.candidate.threaded and nxt.candidate.processes:
             # NOTE [ No fork beside thread workers ]: it starts in its turn, the threads stopped.
             log.debug("autotune: %s starts once %s's threads have stopped", nxt.candidate.label(),
                       sealed.candidate.label())

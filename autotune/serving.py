@@ -280,7 +280,7 @@ class Serving:
         kw: dict[str, Any] = {"worker_init_fn": settings.worker_init_fn,
                               "pin_memory_device": settings.pin_memory_device,
                               "generator": self._generator()}
-        if c.num_workers and c.worker_kind == "process":
+        if c.processes:
             kw["multiprocessing_context"] = settings.multiprocessing_context
         if c.threaded:
             kw.pop("worker_init_fn")

@@ -111,6 +111,11 @@ class Candidate:
         return self.worker_kind == "thread" and self.num_workers > 0
 
     @property
+    def processes(self) -> bool:
+        """Whether the workers are processes (torch starts them by forking where it may)."""
+        return self.worker_kind == "process" and self.num_workers > 0
+
+    @property
     def loader_class(self) -> str:
         """The class ``loader_kwargs()`` is for, as it would be imported in a script."""
         return "autotune.ThreadDataLoader" if self.threaded else "torch.utils.data.DataLoader"
