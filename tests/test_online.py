@@ -477,6 +477,25 @@ def test_the_drain_at_a_stretch_s_end_is_left_out_of_its_window(served: int) -> 
     assert m is not None and abs(m.samples_per_s / pace - 1.0) < 0.02, m.samples_per_s
 
 
+def test_a_window_never_takes_in_the_drain_however_little_stands_before_it() -> None:
+    # NOTE [ The drain at a stretch's end ]: the user's 16 workers behind a step-bound loop (the
+    # readings torchvision's reference script recorded): the queue full for seven items at 250 ms a
+    # step, then the sampler done and the queue drained one batch an item as the step, with no
+    # workers beside it, took 150 ms. Taken in, the drain counted as made before the window: 29
+    # samples/s where the loop got about 130 before it.
+    line = Timeline(backlog=32, workers=16, window_s=0.0)
+    t = 0.0
+    for i in range(35):
+        step = 0.25 if i < 7 else 0.15
+        line.item(t, t + 0.001, 32, 31 if i <= 7 else 31 - (i - 7))
+        line.steps.append(step)
+        t += 0.001 + step
+    line.sampler_done = True
+    m = line.measurement(build_s=0.0, memory=lambda: 0)
+    assert m is not None and abs(m.samples_per_s / (32 / 0.251) - 1.0) < 0.1, m.samples_per_s
+    assert line.window() == (2, 7)
+
+
 def test_a_drained_window_does_not_end_in_the_drain_at_a_stretch_s_end() -> None:
     # NOTE [ The drain at a stretch's end ]: as above, and beside a busy core two fetches took 2 ms
     # with the queue full behind them (item 20) or nothing left to make (the last): no window
