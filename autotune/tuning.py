@@ -46,6 +46,17 @@ and what serves it (the inner loader kept, the thread count, the base seed) in `
 # take all of one (16 workers, two batches each: 73 items, twice that to settle in, every one of the
 # 128 batches of a 4,096-image epoch). That epoch too measured nothing but the baseline; counted, it
 # left the search one epoch, whose finals measured the baseline once at most.
+#
+# NOTE [ An undecided profile is resumed ]
+# A run too short to decide (torchvision's reference script, 3 epochs of a step that hardly waits:
+# a ram cache led the user's 16 workers by 1.39x, 90 % interval 0.97-2.00x, when the epochs ran out)
+# stores the baseline, undecided. A stored profile settles the next run at once, so without more
+# that run would serve the baseline unmeasured and store nothing new: every later run stays
+# undecided. So a stored profile that kept the baseline undecided against a ram cache starts the
+# cache's fill at once: the first epoch fills it as it serves the baseline, and the next boundary
+# measures it against the baseline (the filled cache's check of NOTE [ Settled means proven ],
+# whatever the loop waited: the profile already measured the cache ahead). Its decision is stored
+# in place of the undecided one. Only with three epochs at least, as for any filled cache.
 """
 
 from __future__ import annotations
@@ -236,6 +247,9 @@ class Tuning:
         """The ram cache filled by the loading pass, where one applies."""
         self.challenged = False
         """Whether the filled cache was measured against the settled choice already."""
+        self.resuming = False
+        """Whether a stored profile left a cache undecided against the baseline, and this run fills
+        the cache to measure the two again (NOTE [ An undecided profile is resumed ])."""
         self.incumbent: tuple[Candidate, Decision] | None = None
         """The settled choice a filled cache is measured against, and the decision that chose it."""
         self.decision: Decision | None = None
@@ -604,6 +618,24 @@ class Tuning:
         then = result.load_average if result is not None else None
         if then is not None and c != self.baseline:
             self.load_check = (then, cpu_snapshot())
+        if result is not None and c == self.baseline and self._cache_undecided(result):
+            self._resume()
+
+    def _cache_undecided(self, result: TuneResult) -> bool:
+        """Whether ``result`` kept the baseline undecided against a ram cache among its finalists,
+        with an epoch to fill the cache and two to measure it and then use it."""
+        return result.undecided and self.plan.epochs >= 3 and any(
+            t.phase == "final" and t.candidate.pretransform == "ram" for t in result.trials)
+
+    def _resume(self) -> None:
+        """NOTE [ An undecided profile is resumed ]: plan the space and start the ram cache's fill,
+        so that the first epoch fills it and the next measures it against the baseline."""
+        space, _, _ = self._plan_space()
+        if self.filling is None:
+            return  # no ram cache on this machine now: the stored choice stands
+        self.space, self.resuming = space, True
+        log.info("autotune: the profile for the loader at %s left its cache undecided against the"
+                 " baseline; the cache fills over this epoch and is measured again in the next", self.origin)
 
     def _check_load(self) -> None:
         """After a settled epoch of a stored choice: others' load read over it against the load the
@@ -763,7 +795,7 @@ class Tuning:
                 and self.settled.pretransform != "ram" and self.plan.epochs - self.epochs_done >= 2):
             self.challenged = True
             wait = self._settled_wait()
-            if wait is not None and wait < MIN_WAIT_TO_EXPLORE and not (
+            if wait is not None and wait < MIN_WAIT_TO_EXPLORE and not self.resuming and not (
                     self.settled == self.baseline and self.beside_step >= MIN_BESIDE_STEP_TO_EXPLORE):
                 # NOTE [ Online search ] 2 in online.py: a cache only shortens the loading, and the
                 # loop hardly waits for it; measuring the cache would cost more than it could win.

@@ -325,3 +325,27 @@ def test_a_first_epoch_the_baseline_s_first_stretch_held_whole_leaves_the_search
     t.record(Outcome(nxt[0], nxt[1], measurement(150.0), samples=640, wall_s=640 / 150.0))
     assert t.end_search_epoch() is None
     assert t.search_epochs == 1
+
+
+def test_a_profile_that_left_its_cache_undecided_fills_it_and_measures_it_again() -> None:
+    # NOTE [ An undecided profile is resumed ]: the stored run kept the baseline, a ram cache ahead
+    # but undecided, in a loop that hardly waited for data.
+    cached = replace(BASE, pretransform="ram")
+    trials = tuple(TrialRecord(i, "final", c, "complete", measurement(sps), sps)
+                   for i, (c, sps) in enumerate([(BASE, 1000.0), (cached, 1390.0)]))
+
+    def stored(undecided: bool) -> Tuning:
+        t = searching(5, pretransform="ram")
+        t.settle_from_profile(TuneResult(loader_kwargs=BASE.loader_kwargs(), baseline_samples_per_s=1000.0,
+                                         undecided=undecided, trials=trials), BASE)
+        return t
+
+    t = stored(undecided=True)
+    assert t.settled == BASE and t.filling is not None
+    list(DataLoader(t.filling.dataset, batch_size=16, collate_fn=t.filling.collate_fn))  # epoch 1's pass
+    settled_epochs(t, 1, rate=1000.0, wait=0.01)
+    t.begin_epoch()
+    assert t.phase is Phase.CHECKING_CACHE and t.explorer is not None
+    assert any(c.pretransform == "ram" for c in t.explorer.finalists), t.explorer.finalists
+    decided = stored(undecided=False)  # a decided profile is served as it is
+    assert decided.filling is None and decided.phase is Phase.SETTLED
