@@ -74,7 +74,7 @@
 # leave the earlier half out: the window spans every measured item past the warm-up. Over the later
 # half only, it held as few as four items while the reading of the queue swings by a batch or two
 # with the batches in flight. The user's 4 workers, in the 12-item stretches of a filled cache's
-# check beside a busy core, read 74-96 samples/s that way (the queue read 5 at the window's start and
+# check beside a busy core, read 73-96 samples/s that way (the queue read 5 at the window's start and
 # 2 at its end) where the same stretch served 134 over its whole length and the script's own epochs
 # ran at about 180, and the speed-up reported read 2-3 times what the settled epochs then showed.
 #
@@ -336,8 +336,8 @@ class Timeline:
         span = self.drained()
         if span is not None:
             return span
-        # Never into the drain at the end (NOTE [ The drain at a stretch's end ]); the last item
-        # where the queue cannot be read.
+        # Never into the drain at the end (NOTE [ The drain at a stretch's end ]); where the queue
+        # is not read, ``sustained_end`` is the last item.
         end = self.sustained_end() if ended or self.sampler_done else len(self.received) - 1
         if self.counted:
             return self.warmup, end
