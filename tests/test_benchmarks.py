@@ -455,9 +455,10 @@ def test_decisions_quick_run_measures_the_folder_workload_as_a_script_writes_it(
     assert (run["workload"], run["written"]) == ("folder", "w2")
     assert len(run["user_s"]) == len(run["tuned_s"]) and set(run["oracle_s"]) >= {"w=0", "w=2"}
     rounds = run["plain_loop_rounds"]  # the returned choice beside the user's settings, round by round
-    assert rounds is None or (len(rounds) == decisions.PLAIN_ROUNDS
+    assert rounds is None or (len(rounds) == decisions.QUICK.plain_rounds
                               and run["plain_loop_speedup"] == statistics.median(rounds))
-    assert "| folder | w2 |" in (tmp_path / "DECISIONS.md").read_text()
+    page = (tmp_path / "DECISIONS.md").read_text()
+    assert "| folder | w2 |" in page and "Quick mode" in page
     if rounds is not None:  # each loader's short windows against its epochs, from the same rounds
         assert set(run["plain_loop_window_lean"]) == {"users", "made"}
     search = run["search"]  # the last search's trials: its ledger replays to the verdict it gave

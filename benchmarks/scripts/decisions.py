@@ -52,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +107,23 @@ TABULAR_ROWS = 16384
 """Rows of the ``tabular`` workload: an epoch of about a second, as the other workloads'."""
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """How much one run measures: the grid's sizes, or ``QUICK``'s for a smoke run."""
+
+    folder_images: int = FOLDER_IMAGES
+    oracle_workers: tuple[int, ...] = ORACLE_WORKERS
+    plain_rounds: int = PLAIN_ROUNDS
+
+
+QUICK = Sizes(folder_images=512, oracle_workers=(0, 2), plain_rounds=2)
+"""``--quick``: every part of a run on an eighth of the images, its figures meaningless (a smoke run
+that a test waits for)."""
+
+
 # -- the child: one run ---------------------------------------------------------------------------
 
-def _make(workload: str, scratch: str) -> tuple[Any, Any]:
+def _make(workload: str, scratch: str, sizes: Sizes = Sizes()) -> tuple[Any, Any]:
     """(dataset, step) of a workload, made in memory (``folder``: files written under ``scratch``)."""
     import torch
     import torchvision.transforms as T
@@ -147,7 +162,7 @@ def _make(workload: str, scratch: str) -> tuple[Any, Any]:
         time.sleep(0.03)
 
     if workload == "folder":  # PNGs decoded per sample, a fixed pipeline and a random flip
-        root = write_image_folder(Path(scratch) / "images", n=FOLDER_IMAGES, size=64, fmt="PNG")
+        root = write_image_folder(Path(scratch) / "images", n=sizes.folder_images, size=64, fmt="PNG")
         transform = T.Compose([T.ToTensor(), T.Normalize((0.5,) * 3, (0.25,) * 3), T.RandomHorizontalFlip()])
         return ImageFolder(str(root), transform=transform), light
     if workload == "tabular":  # rows already in memory: little to win but the collation
@@ -157,7 +172,7 @@ def _make(workload: str, scratch: str) -> tuple[Any, Any]:
     return {"latency": (Latency(), light), "cpu": (Cpu(), light), "step-bound": (Cheap(), heavy)}[workload]
 
 
-def plain_rounds(users: Any, made: Any, step: Any
+def plain_rounds(users: Any, made: Any, step: Any, rounds: int = PLAIN_ROUNDS
                  ) -> tuple[list[float], list[float], dict[str, float | None]]:
     """The user's epoch over the returned choice's, per round; the two warm-up epochs (the user's,
     the returned choice's) (NOTE [ Decision power ] 4); each loader's short-window lean, the median
@@ -174,7 +189,7 @@ def plain_rounds(users: Any, made: Any, step: Any
             leans[name].append(lean)
         return seconds
 
-    for r in range(PLAIN_ROUNDS):
+    for r in range(rounds):
         if r % 2 == 0:
             theirs = epoch("users", users)
             ours = epoch("made", made)
@@ -271,12 +286,12 @@ def _stop_per_worker(records: list[Any], dataset_len: int) -> float:
     return 0.0
 
 
-def child(workload: str, written: str) -> dict[str, Any]:
+def child(workload: str, written: str, sizes: Sizes = Sizes()) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="autotune-decisions-data-") as scratch:
-        return _child(workload, written, scratch)
+        return _child(workload, written, scratch, sizes)
 
 
-def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
+def _child(workload: str, written: str, scratch: str, sizes: Sizes) -> dict[str, Any]:
     import torch.utils.data as tud
 
     import autotune
@@ -285,7 +300,7 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
     class RunLoader(DropIn[Any]):
         explicit_settings_are_fixed = False  # as ``autotune run`` builds it
 
-    ds, step = _make(workload, scratch)
+    ds, step = _make(workload, scratch, sizes)
     kw: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, **WRITTEN[written]}
     user = train(tud.DataLoader(ds, **kw), step, EPOCHS)
     loader = RunLoader(ds, epochs=EPOCHS, **kw)
@@ -297,7 +312,7 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
     result = loader.tuning
     loader.close()
     oracle = {}
-    for w in ORACLE_WORKERS:
+    for w in sizes.oracle_workers:
         oracle[f"w={w}"] = train(tud.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=w),
                                    step, 2)[1]
     users_second = train(tud.DataLoader(ds, **kw), step, 2)[1]
@@ -305,7 +320,7 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
     lean: dict[str, float | None] = {}
     if result is not None:
         made = result.make_loader(ds, shuffle=True)
-        check, warm, lean = plain_rounds(tud.DataLoader(ds, **kw), made, step)
+        check, warm, lean = plain_rounds(tud.DataLoader(ds, **kw), made, step, sizes.plain_rounds)
         made.close()
     best = min(oracle.values())
     last = last_search(list(result.trials)) if result is not None else []
@@ -338,10 +353,11 @@ def _child(workload: str, written: str, scratch: str) -> dict[str, Any]:
 
 # -- the parent: the grid, quiet and loaded -------------------------------------------------------
 
-def _one(workload: str, written: str) -> dict[str, Any]:
+def _one(workload: str, written: str, quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="autotune-decisions-") as cache:
         env = {**os.environ, "AUTOTUNE_CACHE_DIR": cache, "PYTHONWARNINGS": "ignore"}
-        proc = subprocess.run([sys.executable, __file__, "--child", workload, written], env=env,
+        argv = [sys.executable, __file__, "--child", workload, written, *(["--quick"] if quick else [])]
+        proc = subprocess.run(argv, env=env,
                               capture_output=True, text=True, timeout=900)
         node.clear(cache)  # the run's node caches in /dev/shm go with its profile folder
     if proc.returncode != 0:
@@ -469,7 +485,9 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
     lines = ["# How well the drop-in decides", "",
              f"Written by `benchmarks/scripts/decisions.py` ({data['when']},"
              f" commit {data.get('commit', 'unknown')}) on {data['machine']}.",
-             "See NOTE [ Decision power ] in the script for what each figure is.", ""]
+             "See NOTE [ Decision power ] in the script for what each figure is.", "",
+             *(["**Quick mode**: a smoke run on smaller sizes; its figures mean nothing.", ""]
+               if data.get("quick") else [])]
     for mode, block in data["modes"].items():
         s = block["summary"]
         lines += [f"## {mode}", "",
@@ -560,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                         " benchmarks/results/decisions/; with --quick, a new temporary folder)")
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(*args.child)))
+        print(json.dumps(child(*args.child, QUICK if args.quick else Sizes())))
         return 0
     if args.combine:
         if args.out is None:
@@ -579,13 +597,13 @@ def main(argv: list[str] | None = None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
     data: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": describe_machine(),
-                            "commit": commit, "modes": {}}
+                            "commit": commit, **({"quick": True} if args.quick else {}), "modes": {}}
     for mode in args.modes.split(","):
         runs: list[dict[str, Any]] = []
         with cpu_hog(enabled=mode == "loaded") as hog:
             for _ in range(args.repeats):
                 for workload, written in grid:
-                    runs.append(_one(workload, written))
+                    runs.append(_one(workload, written, args.quick))
                     print(mode, workload, written, runs[-1].get("decision", "error"), flush=True)
                     # Written after every run: a run stopped part-way leaves what it measured.
                     data["modes"][mode] = {"runs": runs, "summary": summarize(runs), "hog": hog,
