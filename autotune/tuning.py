@@ -64,7 +64,7 @@ and what serves it (the inner loader kept, the thread count, the base seed) in `
 # in epochs.py): 16 workers over a 4,096-image folder, whose finals ended with the epoch after one
 # stretch of the challenger. That stretch reads the user's settings slower than their own loop
 # runs: six such first windows read 1,469-2,147 samples/s (1,680 in the mean) where the same
-# settings' own epochs beside them ran at 1,700-2,240 (1,960), and the speed-up reported against
+# settings' own epochs beside them ran at 1,680-2,240 (1,960), and the speed-up reported against
 # it read 1.30x the one a plain loop over the returned loader then got. So where the decision so
 # far would change what the user runs (or stays undecided) and no later measurement of the baseline
 # stands beside that first one, the search takes one more epoch, once, with two epochs left at
