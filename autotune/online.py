@@ -503,26 +503,11 @@ class Explorer:
 
     # -- finals ------------------------------------------------------------------------------------
 
-    def _finalists(self) -> tuple[list[Candidate], list[Candidate]]:
-        """The best FINALISTS by the ledger, and of those the ones the finals play: the baseline and
-        the challengers ahead of it that did not drop out (NOTE 5)."""
-        finalists = self.ledger.finalists(self.baseline, self.space)[:FINALISTS + 2]
-        return finalists, [c for c in finalists
-                           if c == self.baseline or (self._ahead(c) and c not in self.dropped)]
-
-    def baseline_next(self) -> bool:
-        """A round of the finals that is the baseline's stretch alone, next; the decision follows it
-        (NOTE [ A warm baseline before the epochs run out ] in tuning.py). ``False``: no challenger
-        to decide on."""
-        _, playing = self._finalists()
-        if len(playing) <= 1:
-            return False
-        self.phase, self.finalists, self.rounds = "final", playing, [[self.baseline]]
-        return True
-
     def _start_rounds(self, rounds: int, phase: Phase) -> None:
         self.phase = phase
-        finalists, self.finalists = self._finalists()
+        finalists = self.ledger.finalists(self.baseline, self.space)[:FINALISTS + 2]
+        self.finalists = [c for c in finalists
+                          if c == self.baseline or (self._ahead(c) and c not in self.dropped)]
         if len(self.finalists) <= 1 < len(finalists):
             self.decision = self._not_worth_finals(finalists)
         if len(self.finalists) <= 1:

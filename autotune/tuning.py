@@ -57,19 +57,6 @@ and what serves it (the inner loader kept, the thread count, the base seed) in `
 # measures it against the baseline (the filled cache's check of NOTE [ Settled means proven ],
 # whatever the loop waited: the profile already measured the cache ahead). Its decision is stored
 # in place of the undecided one. Only with three epochs at least, as for any filled cache.
-#
-# NOTE [ A warm baseline before the epochs run out ]
-# The search's epochs may run out with the baseline measured only in its first stretch, taken while
-# the process warmed up and the ram cache filled through it (NOTE [ The first stretch settles in ]
-# in epochs.py): 16 workers over a 4,096-image folder, whose finals ended with the epoch after one
-# stretch of the challenger. That stretch reads the user's settings slower than their own loop
-# runs: six such first windows read 1,469-2,147 samples/s (1,680 in the mean) where the same
-# settings' own epochs beside them ran at 1,680-2,240 (1,960), and the speed-up reported against
-# it read 1.30x the one a plain loop over the returned loader then got. So where the decision so
-# far would change what the user runs (or stays undecided) and no later measurement of the baseline
-# stands beside that first one, the search takes one more epoch, once, with two epochs left at
-# least: its first stretch is the baseline's, measured warm, and the decision follows it (NOTE
-# [ Decisions ] 3 in decide.py: the first measurement is left out once another stands beside it).
 """
 
 from __future__ import annotations
@@ -286,9 +273,6 @@ class Tuning:
         baseline's epoch ])."""
         self.held_for_fill = False
         """Whether this epoch's search waits for the ram cache to fill (``filling_first``)."""
-        self.warmed_baseline = False
-        """Whether the search took an epoch more to measure the baseline warm (NOTE [ A warm
-        baseline before the epochs run out ])."""
         self.beside_step = 0.0
         """The share of the run's CPU the user's settings' workers took on busy CPUs, last read
         (NOTE [ Loading beside the step ] in machine.py)."""
@@ -764,24 +748,7 @@ class Tuning:
         if not self.ledger.by_candidate:  # epochs too short to measure anything: nothing to store
             self._enter(Phase.SETTLED, settled=self.baseline)
             return self.baseline
-        if self._warm_baseline_first():
-            return None
         return self.settle(self.force_decision(), phase_note=" (the search ran out of epochs)")
-
-    def _warm_baseline_first(self) -> bool:
-        """NOTE [ A warm baseline before the epochs run out ]: whether the search takes one more
-        epoch, whose first stretch measures the baseline again."""
-        ex = self.explorer
-        if (self.warmed_baseline or ex is None or ex.decision is not None or self.phase != Phase.SEARCHING
-                or self.plan.epochs - self.epochs_done < 2 or self.ledger.warm_baseline(self.baseline)):
-            return False
-        decision = self._decision_so_far()
-        if decision is None or (decision.kept_baseline and not decision.undecided) or not ex.baseline_next():
-            return False
-        self.warmed_baseline = True
-        log.debug("autotune: the loader at %s measured its baseline only in its first stretch; the"
-                  " search measures it again at the next epoch's start before deciding", self.origin)
-        return True
 
     def _baseline_alone(self) -> bool:
         """Whether the first epoch served the baseline's first stretch, measured, and nothing else

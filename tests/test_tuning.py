@@ -349,37 +349,3 @@ def test_a_profile_that_left_its_cache_undecided_fills_it_and_measures_it_again(
     assert any(c.pretransform == "ram" for c in t.explorer.finalists), t.explorer.finalists
     decided = stored(undecided=False)  # a decided profile is served as it is
     assert decided.filling is None and decided.phase is Phase.SETTLED
-
-
-def _search_until_the_baseline_s_turn(t: Tuning, epochs: int) -> Candidate | None:
-    """Serve the search's stretches, every challenger at about four times the baseline's first rate,
-    ending each of ``epochs`` epochs when the baseline's turn comes; what the last boundary settled."""
-    rates = iter([400.0, 440.0, 420.0, 460.0] * 10)
-    settled = None
-    for _ in range(epochs):
-        while (nxt := t.next_candidate()) is not None and nxt[0] != BASE:
-            rate = next(rates)
-            t.record(Outcome(nxt[0], nxt[1], measurement(rate), samples=640, wall_s=640 / rate))
-        settled = t.end_search_epoch()
-    return settled
-
-
-def test_a_search_whose_epochs_run_out_measures_the_baseline_warm_before_changing_anything() -> None:
-    # NOTE [ A warm baseline before the epochs run out ]: the baseline measured only in its first
-    # stretch, cold, and the search's epochs end before the finals come to it again.
-    for epochs, warm_epoch in ((6, True), (3, False)):
-        t = searching(epochs=epochs)
-        assert t.next_candidate() == (BASE, "baseline")
-        t.record(Outcome(BASE, "baseline", measurement(100.0), samples=640, wall_s=6.4))
-        assert t.end_search_epoch() is None  # the baseline's epoch
-        settled = _search_until_the_baseline_s_turn(t, 2)
-        if not warm_epoch:  # no two epochs left: decided on what was measured
-            assert settled is not None and t.phase is Phase.SETTLED
-            continue
-        assert settled is None and t.phase is Phase.SEARCHING
-        assert t.next_candidate() == (BASE, "final")  # the next epoch starts with the baseline
-        t.record(Outcome(BASE, "final", measurement(110.0), samples=640, wall_s=640 / 110.0))
-        assert t.next_candidate() is None
-        decision = t.decision_due()
-        assert decision is not None and not decision.kept_baseline
-        assert [r.phase for r in t.ledger.warm_baseline(BASE)] == ["final"]
