@@ -589,7 +589,7 @@ class Ledger:
             out.append((rec, near))
         return out
 
-    def _warm_baseline(self, baseline: Candidate) -> list[TrialRecord]:
+    def warm_baseline(self, baseline: Candidate) -> list[TrialRecord]:
         """The baseline's measurements after its first (phase ``baseline``, taken cold)."""
         return [r for r in self.by_candidate.get(baseline, ()) if r.phase != "baseline"]
 
@@ -599,7 +599,7 @@ class Ledger:
         batches to tell its own spread, or MIN_PAIRS others do; and of those, the ones that held
         enough batches to tell their spread, where any did (NOTE [ Decisions ] 3)."""
         recs = list(self.by_candidate.get(baseline, ()))
-        later = self._warm_baseline(baseline)
+        later = self.warm_baseline(baseline)
         weighed = later if any(map(_tells_spread, later)) or len(later) >= MIN_PAIRS else recs
         # A window too short to tell its own spread does not stand beside one that can.
         return [r for r in weighed if _tells_spread(r)] or weighed
@@ -665,7 +665,7 @@ class Ledger:
     def decided_early(self, finalists: Sequence[Candidate], baseline: Candidate) -> bool:
         """Whether the finals may end before their last round (NOTE [ Decisions ] 5): the pick wins
         as ``decide`` would have it win, with its bound at INTERIM_CONFIDENCE."""
-        if len(self._warm_baseline(baseline)) < MIN_PAIRS:  # one warm window cannot show its spread
+        if len(self.warm_baseline(baseline)) < MIN_PAIRS:  # one warm window cannot show its spread
             return False
         challenger = self.pick(c for c in finalists if c != baseline)
         if challenger is None:

@@ -258,14 +258,14 @@ class Explorer:
         return self.longest_stretch is None or drained_items(c) <= self.longest_stretch
 
     @classmethod
-    def recheck(cls, space: SearchSpace, baseline: Candidate, settled: Candidate, ledger: Ledger) -> Explorer:
-        """A search of ``settled`` against the baseline alone, in RECHECK_ROUNDS rounds (NOTE 6),
+    def recheck(cls, space: SearchSpace, baseline: Candidate, settled: Candidate, ledger: Ledger,
+                rounds: int = RECHECK_ROUNDS) -> Explorer:
+        """A search of ``settled`` against the baseline alone, in ``rounds`` rounds (NOTE 6),
         recorded in a ledger of its own: the machine may have changed since the first search."""
         ex = cls(space, baseline, ledger, phase="recheck", estimated=True, neighbours_tried=True,
                  caches_tried=True, threads_tried=True)
         ex.finalists = [settled, baseline]
-        ex.rounds = [[settled, baseline] if r % 2 == 0 else [baseline, settled]
-                     for r in range(RECHECK_ROUNDS)]
+        ex.rounds = [[settled, baseline] if r % 2 == 0 else [baseline, settled] for r in range(rounds)]
         return ex
 
     @classmethod

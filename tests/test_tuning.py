@@ -160,6 +160,60 @@ def filled_and_settled(epochs: int, epochs_done: int) -> Tuning:
     return t
 
 
+def settled_on_a_cold_baseline(epochs: int = 10, epochs_done: int = 2) -> Tuning:
+    """A search that settled on WORKERS (three windows about 1,500 samples/s) against the baseline's
+    first stretch alone (1,000): its epochs ran out before its finals reached the baseline."""
+    t = searching(epochs)
+    t.record(Outcome(BASE, "baseline", measurement(1000.0), samples=640, wall_s=0.64))
+    for jitter in (1.0, 1.02, 0.98):
+        t.ledger.record(WORKERS, "final", "complete", m=measurement(1500.0 * jitter))
+    t.settle(t.force_decision())
+    assert t.settled == WORKERS and t.result is not None
+    assert t.result.speedup == pytest.approx(1.5, rel=0.03)
+    t.epochs_done = epochs_done
+    return t
+
+
+def test_a_pick_measured_against_a_cold_baseline_alone_is_measured_against_it_warm() -> None:
+    # NOTE [ The baseline measured warm ]: the next epoch plays the two side by side; the stored
+    # decision is replaced by the check's, whose figure stands on the baseline's warm pace.
+    t = settled_on_a_cold_baseline()
+    t.begin_epoch()
+    assert t.phase is Phase.CONFIRMING and t.explorer is not None and t.explorer.phase == "recheck"
+    assert t.measuring_again() == f"{WORKERS.label()} against the baseline, measured warm"
+    assert t.result is not None and t.result.candidate == WORKERS  # ended here, the stored pick stands
+    play(t, {WORKERS: 1500.0, BASE: 1250.0})
+    assert t.settled == WORKERS and t.phase is Phase.SETTLED and t.measuring_again() is None
+    assert t.result is not None and t.result.speedup == pytest.approx(1.2, rel=0.01)
+    assert not t.confirm_due  # once
+    # The warm baseline level with the pick: a check without a winner keeps what won the search.
+    t = settled_on_a_cold_baseline()
+    t.begin_epoch()
+    play(t, {WORKERS: 1500.0, BASE: 1480.0})
+    assert t.settled == WORKERS and t.result is not None
+    assert t.result.decision is not None and "measured warm, not slower" in t.result.decision
+    # The warm baseline faster than the pick: the baseline again.
+    t = settled_on_a_cold_baseline()
+    t.begin_epoch()
+    play(t, {WORKERS: 1100.0, BASE: 1400.0})
+    assert t.settled == BASE and t.result is not None and t.result.kept_baseline
+
+
+def test_the_warm_baseline_is_measured_only_where_the_search_did_not_and_an_epoch_is_left() -> None:
+    last = settled_on_a_cold_baseline(epochs=4, epochs_done=3)
+    last.begin_epoch()
+    assert last.phase is Phase.SETTLED and last.settled == WORKERS
+    t = searching()
+    t.record(Outcome(BASE, "baseline", measurement(1000.0), samples=640, wall_s=0.64))
+    for jitter in (1.0, 1.02, 0.98):
+        t.ledger.record(WORKERS, "final", "complete", m=measurement(1500.0 * jitter))
+        t.ledger.record(BASE, "final", "complete", m=measurement(1000.0 * jitter))
+    t.settle(t.force_decision())
+    t.epochs_done = 2
+    t.begin_epoch()
+    assert t.phase is Phase.SETTLED and t.settled == WORKERS and not t.confirm_due
+
+
 def test_a_filled_cache_is_measured_only_with_an_epoch_left_to_gain_in() -> None:
     t = filled_and_settled(epochs=5, epochs_done=2)
     t.begin_epoch()
