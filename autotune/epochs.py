@@ -102,7 +102,8 @@
 # settings do later, so every other stretch's cost is underweighted and the bound on exploring rarely
 # binds. So its window opens only after
 # it has served one window's time, or where the epoch is short, as many of its items as leave room
-# for a window; it may serve twice the share of the epoch other stretches may. Neither costs anything:
+# for a window and for the drain of its workers' queue at its end (``settling_bound``); it may serve
+# twice the share of the epoch other stretches may. Neither costs anything:
 # the baseline is what the user's loop would have run anyway.
 #
 # NOTE [ A whole epoch ]
@@ -381,6 +382,17 @@ class Timeline:
         )
 
 
+def settling_bound(limit: int, workers: int, backlog: int) -> int:
+    """The item where a first stretch of ``limit`` items stops settling in at the latest (NOTE
+    [ The first stretch settles in ]): room is left for a counted window of ``workers`` (NOTE
+    [ Drained windows ]) and, after it, for the ``backlog`` its workers hold when its sampler stops,
+    whose drain no window reads (NOTE [ The drain at a stretch's end ]). Without that room, a step-
+    bound loop that served 16 workers' 256 items in less than the settling time had a window of one
+    item left before the drain: half of such first stretches measured nothing, two epochs in a row,
+    and the loader settled on the user's settings with nothing measured."""
+    return limit - 1 - drained_span(workers) - backlog
+
+
 class Failed(Exception):
     """A candidate's stretch failed for a reason of its own (kept in ``Stretch.failure``)."""
 
@@ -449,9 +461,7 @@ class Stretch:
         backlog = c.num_workers * (c.prefetch_factor or 2) if c.num_workers else 0
         self.line = Timeline(backlog=backlog, workers=c.num_workers, window_s=window_s,
                              settle_s=window_s if settle else 0.0,
-                             # room left for a window within the stretch's items (the queue is
-                             # counted where workers load: NOTE [ Drained windows ])
-                             settle_items=(limit - 1 - drained_span(c.num_workers)
+                             settle_items=(settling_bound(limit, c.num_workers, backlog)
                                            if settle and limit is not None else None))
         self.close_s = 0.0
         """What closing it took (its workers' exit): part of what it cost the loop."""

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from autotune.decide import Ledger, estimate_workers
-from autotune.epochs import Timeline
+from autotune.epochs import Timeline, settling_bound
 from autotune.measure import Measurement
 from autotune.online import MAX_CANDIDATES, RECHECK_ROUNDS, Explorer, Outcome
 from autotune.space import Candidate, SearchSpace
@@ -451,6 +451,24 @@ def test_a_stretch_that_served_its_whole_epoch_is_measured_whole() -> None:
     # whole ]; over the later half it read an epoch a quarter shorter).
     assert abs(epoch_s(line.measurement(build_s=0.0, memory=lambda: 0, epoch=True)) / end - 1.0) < 0.03
     assert abs(epoch_s(line.measurement(build_s=0.0, memory=lambda: 0)) / end - 1.0) < 0.03
+
+
+def test_a_first_stretch_faster_than_its_settling_time_leaves_room_for_a_window() -> None:
+    # NOTE [ The first stretch settles in ]: 16 workers behind a 3 ms step keep 31 batches ready
+    # while their sampler runs (a 256-item stretch); it stops 32 items before the end, and the queue
+    # drains one a step (NOTE [ The drain at a stretch's end ]). The whole stretch takes 0.77 s,
+    # less than the 0.75 s of settling and a window: the window must fit between the two.
+    limit, workers, backlog = 256, 16, 32
+    line = Timeline(backlog=backlog, workers=workers, window_s=0.75, settle_s=0.75,
+                    settle_items=settling_bound(limit, workers, backlog))
+    line.startup_s, t = 0.5, 0.5
+    for i in range(limit):
+        line.item(t, t + 0.00005, 32, min(31, limit - 1 - i))
+        line.steps.append(0.003)
+        t += 0.003
+        line.sampler_done = i >= limit - backlog
+    m = line.measurement(build_s=0.0, memory=lambda: 0, ended=True)
+    assert m is not None and abs(m.samples_per_s / (32 / 0.003) - 1.0) < 0.05, m
 
 
 @pytest.mark.parametrize("served", [80, 69], ids=["ended", "serving"])
