@@ -77,6 +77,11 @@ def describe_machine() -> str:
             f" accelerator {m.accelerator}, torch {m.torch_version}")
 
 
+def quick_notice(quick: bool) -> list[str]:
+    """The line a smoke run's page opens with, and a blank one; nothing for a full run."""
+    return ["**Quick mode**: a smoke run on tiny sizes; its figures mean nothing.", ""] if quick else []
+
+
 def load_average() -> list[float]:
     """The 1, 5 and 15 minute load averages."""
     return [round(x, 2) for x in os.getloadavg()]

@@ -548,9 +548,7 @@ def _speedup_lines(checks: list[dict[str, Any]]) -> list[str]:
 def write_markdown(data: dict[str, Any], path: Path) -> Path:
     m = data["machine"]
     lines = ["# `autotune run`: the seed's script, the reported speed-up checked, the overhead", ""]
-    if data.get("quick"):
-        lines += ["**Quick mode: a smoke run with tiny sizes. Its figures mean nothing.**", ""]
-    lines += [
+    lines += [*harness.quick_notice(bool(data.get("quick"))),
         f"Run on {data['date']} with `{data['command']}` ({data['minutes']:.1f} min in all).",
         "",
         f"Machine: {m.get('usable_cpus')} usable CPUs, accelerator {m.get('accelerator')}, torch"

@@ -60,7 +60,13 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from autotune.pretransform import node  # noqa: E402
-from benchmarks._common.harness import describe_machine, fill_in, load_average, out_folder  # noqa: E402
+from benchmarks._common.harness import (  # noqa: E402
+    describe_machine,
+    fill_in,
+    load_average,
+    out_folder,
+    quick_notice,
+)
 from benchmarks._common.hog import cpu_hog  # noqa: E402
 from benchmarks.scripts.training import train  # noqa: E402
 
@@ -486,8 +492,7 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
              f"Written by `benchmarks/scripts/decisions.py` ({data['when']},"
              f" commit {data.get('commit', 'unknown')}) on {data['machine']}.",
              "See NOTE [ Decision power ] in the script for what each figure is.", "",
-             *(["**Quick mode**: a smoke run on smaller sizes; its figures mean nothing.", ""]
-               if data.get("quick") else [])]
+             *quick_notice(bool(data.get("quick")))]
     for mode, block in data["modes"].items():
         s = block["summary"]
         lines += [f"## {mode}", "",

@@ -194,9 +194,7 @@ def run_driver(b: Built, driver: str, tunings: int, rounds: int, window_s: float
 def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     yes = {True: "yes", False: "**no**"}
     lines = ["# Repeatability: the same workload tuned from scratch, again and again", ""]
-    if meta["quick"]:
-        lines += ["**Quick mode: a smoke run with tiny sizes. Its figures mean nothing.**", ""]
-    lines += [
+    lines += [*harness.quick_notice(meta["quick"]),
         f"Run on {meta['date']} with `{meta['command']}` ({meta['total_s'] / 60:.1f} min in all).", "",
         f"Machine: {meta['machine']}. Load average (1, 5, 15 min) at the start: {meta['load']}; at the end:"
         f" {meta['load_end']}.", "",

@@ -147,7 +147,7 @@ def markdown(meta: dict[str, Any], levels: list[dict[str, Any]]) -> str:
         "The cifar10-like step (a small CNN trained on the CPU), fed by PyTorch's DataLoader with its"
         " defaults, batch 64; each arm in a fresh process, the arms of a round interleaved, beside 0, 1"
         " or 2 busy cores. See NOTE [ Spin protocol ] in `benchmarks/scripts/spin.py`.", "",
-        *(["**Quick mode**: a smoke run; its figures mean nothing.", ""] if meta["quick"] else []),
+        *harness.quick_notice(meta["quick"]),
         "| busy cores | arm | samples/s (median) | spread | median step | against the defaults |",
         "|---:|---|---:|---:|---:|---|",
     ]

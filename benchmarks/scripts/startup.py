@@ -124,9 +124,7 @@ def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         f"Run on {meta['date']} with `{meta['command']}` ({meta['total_s'] / 60:.1f} min in all).", "",
         f"Machine: {meta['machine']}. Load average (1, 5, 15 min) at the start: {meta['load']}.", "",
     ]
-    if meta["quick"]:
-        lines += ["**Quick mode**: a smoke run of tiny sizes; its figures mean nothing.", ""]
-    lines += [
+    lines += [*harness.quick_notice(meta["quick"]),
         "The drop-in's first run (an empty profile folder, so it explores) of the user's loop, "
         f"{meta['epochs']} epochs, {meta['rounds']} rounds per workload, the two arms in an order that"
         " flips every round: **ahead** (as shipped: when a measured stretch has its window, the next"

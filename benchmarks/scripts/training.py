@@ -458,9 +458,7 @@ def _chosen(run: dict[str, Any]) -> str:
 
 def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lines = ["# Training runs: the drop-in DataLoader inside the user's loop", ""]
-    if meta["quick"]:
-        lines += ["**Quick mode: a smoke run with tiny epochs. Its figures mean nothing.**", ""]
-    lines += [
+    lines += [*harness.quick_notice(meta["quick"]),
         f"Run on {meta['date']} with `{meta['command']}` ({meta['total_s'] / 60:.1f} min in all).", "",
         f"Machine: {meta['machine']}. Load average (1, 5, 15 min) at the start: {meta['load']}.", "",
         METHOD.format(repeats=meta["repeats"], min_epoch_s=meta["min_epoch_s"]), "",
