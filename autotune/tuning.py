@@ -26,19 +26,19 @@ and what serves it (the inner loader kept, the thread count, the base seed) in `
 # ends without a winner is no proof that it stopped winning).
 #
 # NOTE [ The baseline measured warm ]
-# A search whose finals never reached the baseline (its epochs ran out first, or the pick won clear
-# of it early) decides against the baseline's first stretch alone, taken while the process warms up
-# and a ram cache fills through it. Of 16 workers written, six such first windows read 1,469-2,147
-# samples/s (mean 1,680) where the user's own epochs beside them ran at 1,680-2,240 (mean 1,960): the
-# speed-up reported leaned high, 1.13x a plain loop's over the returned loader in the median of the
-# decision benchmark's w16 cases. So such a search settles and stores its pick as it is, and at the
-# next epoch boundary, with two epochs left at least (the one measured in, and one to use what it
-# decides), the pick and the baseline play CONFIRM_ROUNDS rounds in a ledger of their own; its
-# decision replaces the stored one: the pick's figures as measured against the warm baseline, or
-# the baseline where it beat the pick with confidence. A check that ends without a winner keeps the
-# pick (it won its search), with the check's figures. Taking that measurement before settling
-# instead (one more search epoch) delayed the decision past the end of short runs whose length is
-# guessed (10 epochs where none is given): a 2-epoch fit ended "still exploring" and stored nothing.
+# A search whose finals never measured the baseline (its epochs ran out first) decides against the
+# baseline's first stretch alone, taken while the process warms up and a ram cache fills through it.
+# Of 16 workers written, six such first windows read 1,469-2,147 samples/s (mean 1,680) where the
+# user's own epochs beside them ran at 1,680-2,240 (mean 1,960): the speed-up reported leaned high,
+# 1.13x a plain loop's over the returned loader in the median of the decision benchmark's w16 cases.
+# So such a search settles and stores its pick as it is, and at the next epoch boundary, with two
+# epochs left at least (the one measured in, and one to use what it decides), the pick and the
+# baseline play CONFIRM_ROUNDS rounds in a ledger of their own; its decision replaces the stored one:
+# the pick's figures as measured against the warm baseline, or the baseline where it beat the pick
+# with confidence. A check that ends without a winner keeps the pick (it won its search), with the
+# check's figures. Taking that measurement before settling instead (one more search epoch) delayed
+# the decision past the end of short runs whose length is guessed (10 epochs where none is given): a
+# 2-epoch fit ended "still exploring" and stored nothing.
 #
 # NOTE [ The cache before the workers ]
 # Where a ram cache fills from the first epoch and the baseline's own stretches fill it (it is in
