@@ -517,6 +517,28 @@ def test_out_of_order_delivery_is_used_once_settled_and_never_while_exploring() 
         assert settled is not None and settled.in_order is False
 
 
+class DrawsForNothing(Dataset):
+    """Deterministic samples whose item method draws from the process-wide generator (a random step
+    whose chance is 0): the cache's planning proves them deterministic and reads probe samples."""
+
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.full((2,), float(i if torch.rand(1).item() >= 0.0 else -i)), i % 10
+
+
+def test_an_epoch_shuffled_by_the_process_wide_generator_is_torch_s(no_leaked_children) -> None:
+    # No generator given: the shuffle draws from the generator torch.manual_seed set, and the cache's
+    # planning (its probe samples, read in the main process) must not move it.
+    kw = {"batch_size": 16, "shuffle": True}
+    torch.manual_seed(11)
+    expected = _epoch(torch.utils.data.DataLoader(DrawsForNothing(), **kw), step_s=0.0)
+    torch.manual_seed(11)
+    with DataLoader(DrawsForNothing(), epochs=4, **kw) as loader:
+        assert _epoch(loader, step_s=0.0) == expected
+
+
 def _torch_epochs(ds: Dataset, epochs: int, seed: int, **kw: Any) -> list[list[int]]:
     loader = torch.utils.data.DataLoader(ds, generator=torch.Generator().manual_seed(seed), **kw)
     return [_epoch(loader, step_s=0.0) for _ in range(epochs)]

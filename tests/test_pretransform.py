@@ -402,6 +402,33 @@ def test_planning_leaves_the_users_objects_and_rng_alone() -> None:
     assert transform.transforms[0].padding == 4
 
 
+class _DrawsForNothing(Dataset):
+    """Deterministic samples from an item method that draws from every process-wide generator (a
+    random step whose chance is 0): planning proves them deterministic and caches them whole."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        skip = torch.rand(1).item() < 0.0 or random.random() < 0.0 or np.random.rand() < 0.0
+        return torch.full((2,), float(-index if skip else index)), index % 10
+
+
+def test_planning_a_whole_sample_cache_leaves_the_rng_alone() -> None:
+    # Its probe samples read outside the proof moved the user's generator: a drop-in with
+    # num_workers=0 then shuffled its first epoch unlike torch's loader with the same seed.
+    ds = _DrawsForNothing()
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    expected = (torch.rand(1), random.random(), np.random.rand())
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    assert pt.strategies(ds, cuda=False)["ram"] is None  # cached whole: the path that reads probes
+    assert (torch.rand(1), random.random(), np.random.rand()) == expected
+
+
 def test_device_strategy_on_a_cpu_stand_in_gathers_batches_by_index() -> None:
     # No GPU here: the device path runs with device=cpu, standing in for the accelerator.
     ds = FakeCifar(transform=DETERMINISTIC["totensor-normalize"]())

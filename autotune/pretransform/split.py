@@ -378,8 +378,11 @@ def _layout_reason(plan: CachePlan) -> str | None:
 
 def make_cache_plan(dataset: Any) -> CachePlan:
     """Decide how ``dataset`` can be cached (see NOTE [ Pre-transform split ]); a dataset whose
-    samples read files it does not list is not (NOTE [ Fresh caches ] 4)."""
-    with opened_files() as opened:
+    samples read files it does not list is not (NOTE [ Fresh caches ] 4). The samples it reads leave
+    the process-wide random states as they were: a sample that draws from them without its value
+    showing it (a random step that did nothing) proves deterministic, and the reads of its probe
+    would otherwise move the user's shuffle (NOTE [ The drop-in's contract ] in loader.py)."""
+    with opened_files() as opened, rng_preserved():
         plan = _make_cache_plan(dataset)
     # A table is fingerprinted whole (its own fingerprint), whatever files it reads.
     if (plan.reason is None and plan.table is None
