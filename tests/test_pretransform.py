@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import random
 import time
@@ -384,20 +385,30 @@ def test_samples_that_are_not_tensors_or_numbers_are_refused() -> None:
     assert reason is not None and reason.startswith("field 1 of each sample is a str")
 
 
+@contextlib.contextmanager
+def rng_left_alone() -> Iterator[None]:
+    """Asserts that what runs inside leaves torch's, Python's and NumPy's process-wide generators
+    where it found them (seeded here)."""
+
+    def seed() -> None:
+        torch.manual_seed(5)
+        random.seed(5)
+        np.random.seed(5)
+
+    seed()
+    expected = (torch.rand(1), random.random(), np.random.rand())
+    seed()
+    yield
+    assert (torch.rand(1), random.random(), np.random.rand()) == expected
+
+
 def test_planning_leaves_the_users_objects_and_rng_alone() -> None:
     transform = cifar_train()
     steps = list(transform.transforms)
     ds = FakeCifar(transform=transform)
-    torch.manual_seed(5)
-    random.seed(5)
-    np.random.seed(5)
-    expected = (torch.rand(1), random.random(), np.random.rand())
-    torch.manual_seed(5)
-    random.seed(5)
-    np.random.seed(5)
-    pt.strategies(ds, cuda=False)
-    pt.prepare(ds, "ram", device=CPU)
-    assert (torch.rand(1), random.random(), np.random.rand()) == expected
+    with rng_left_alone():
+        pt.strategies(ds, cuda=False)
+        pt.prepare(ds, "ram", device=CPU)
     assert ds.transform is transform and transform.transforms == steps
     assert transform.transforms[0].padding == 4
 
@@ -417,16 +428,8 @@ class _DrawsForNothing(Dataset):
 def test_planning_a_whole_sample_cache_leaves_the_rng_alone() -> None:
     # Its probe samples read outside the proof moved the user's generator: a drop-in with
     # num_workers=0 then shuffled its first epoch unlike torch's loader with the same seed.
-    ds = _DrawsForNothing()
-    torch.manual_seed(5)
-    random.seed(5)
-    np.random.seed(5)
-    expected = (torch.rand(1), random.random(), np.random.rand())
-    torch.manual_seed(5)
-    random.seed(5)
-    np.random.seed(5)
-    assert pt.strategies(ds, cuda=False)["ram"] is None  # cached whole: the path that reads probes
-    assert (torch.rand(1), random.random(), np.random.rand()) == expected
+    with rng_left_alone():
+        assert pt.strategies(_DrawsForNothing(), cuda=False)["ram"] is None  # cached whole: it reads probes
 
 
 def test_device_strategy_on_a_cpu_stand_in_gathers_batches_by_index() -> None:
