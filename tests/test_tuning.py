@@ -199,6 +199,26 @@ def test_a_pick_measured_against_a_cold_baseline_alone_is_measured_against_it_wa
     assert t.settled == BASE and t.result is not None and t.result.kept_baseline
 
 
+def test_a_check_that_never_measured_the_baseline_weighs_the_search_s_measurement_of_it() -> None:
+    # Epochs of a few batches: the check's baseline stretch found no room for a window.
+    def checked(windows: tuple[float, ...]) -> Tuning:
+        t = settled_on_a_cold_baseline()
+        t.begin_epoch()
+        for sps in windows:
+            t.ledger.record(WORKERS, "recheck", "complete", m=measurement(sps))
+        decision = t.ledger.decide([WORKERS], BASE)
+        assert decision.baseline is None  # alone, the check has nothing to weigh its pick against
+        t.settle(decision)
+        return t
+
+    won = checked((1500.0, 1530.0, 1470.0))  # repeated: a win with confidence over the search's 1,000
+    assert won.settled == WORKERS and won.result is not None
+    assert won.result.speedup == pytest.approx(1.5, rel=0.03) and won.result.speedup_low is not None
+    once = checked((1500.0,))  # once: no noise measured, so no figure, and the pick stands
+    assert once.settled == WORKERS and once.result is not None and once.result.speedup is None
+    assert once.result.decision is not None and "in none of its stretches" in once.result.decision
+
+
 def test_the_warm_baseline_is_measured_only_where_the_search_did_not_and_an_epoch_is_left() -> None:
     last = settled_on_a_cold_baseline(epochs=4, epochs_done=3)
     last.begin_epoch()
