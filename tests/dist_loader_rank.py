@@ -50,6 +50,7 @@ def main() -> None:
     loader.close()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump({"rank": rank, "epochs_exact": epochs, "settled": loader.settled,
+                   "settled_before": loader._tuning.settled_before(),
                    "trials": [t.to_dict() for t in tuning.trials] if tuning else [],
                    "chosen": tuning.candidate.to_dict() if tuning else None, "pid": os.getpid(),
                    "children": [p.pid for p in psutil.Process().children(recursive=True)]}, fh)

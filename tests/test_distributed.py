@@ -79,7 +79,11 @@ def test_two_ranks_explore_together_with_the_drop_in(tmp_path: Path, no_leaked_c
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in ranks:
         assert all(r["epochs_exact"]), r["epochs_exact"]  # its shard, in its order, once per epoch
-        assert r["settled"] and r["trials"]  # how many candidates a search tries is a measurement
+        # Settled, or settled and measuring its choice again (a check after the search, NOTE [ The
+        # baseline measured warm ]: the loop gives no epoch count, so 10 are assumed) when the loop
+        # ended; how many candidates a search tries is a measurement.
+        assert (r["settled"] or r["settled_before"]) and r["trials"]
+        assert r["settled"] == ranks[0]["settled"]  # the ranks check together, or neither does
         assert r["children"] == []
     # The ranks measured each candidate together and made the same choices from the same records.
     assert [t["candidate"] for t in ranks[0]["trials"]] == [t["candidate"] for t in ranks[1]["trials"]]

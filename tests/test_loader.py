@@ -113,7 +113,10 @@ def test_every_sample_once_per_epoch_while_exploring_and_settled(
         # measurement on a shared machine: test_online.py decides it on exact figures.
         assert result.trials[0].phase == "baseline" and result.trials[0].candidate.num_workers == 0
         assert result.baseline_kwargs == {"batch_size": 16, "num_workers": 0, "pin_memory": False}
-        assert loader.settled and result.speedup is not None and result.decision
+        # Settled, or measuring its choice again in its last epoch (NOTE [ The baseline measured
+        # warm ]: no epoch count given, 10 are assumed), the choice standing meanwhile.
+        assert loader.settled or loader._tuning.settled_before()
+        assert result.speedup is not None and result.decision
         # At debug level, every stretch of the search says what it served and measured.
         served = [r.getMessage() for r in caplog.records if " served " in r.getMessage()]
         assert served and " on bs=16 w=0 (baseline): " in served[0] and "samples/s" in served[0], served
