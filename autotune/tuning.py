@@ -624,7 +624,7 @@ class Tuning:
         """A check's decision (a filled cache's, the warm baseline's) made where its own stretches
         never measured the baseline: the best measured configuration, weighed against the baseline's
         measurements from the search before it. On epochs of a few batches the baseline's stretch
-        may find no room for its window (the README's example over 1,940 images at batch_size=128:
+        may find no room for its window (the README's example over 2,020 images at batch_size=128:
         16 batches an epoch), and the check chose its cache with no speed-up to report, against a
         baseline the search had measured. Weighed so, a win with confidence is reported with its
         interval; a pick slower than the baseline leaves the baseline; otherwise the pick stands,
@@ -665,7 +665,7 @@ class Tuning:
             return decision  # slower than the baseline with confidence: the baseline again
         if verdict is None:  # not measured in the check: as it was chosen
             return replace(chose_it, reason=f"{chose_it.reason}; " + (
-                "the check against the baseline measured warm measured nothing" if confirming
+                "the check against the baseline, measured warm, was cut short" if confirming
                 else "the filled cache did not beat it"))
         served, said = self.ledger.served(incumbent, self.baseline, verdict)
         why, against = (("it won its search, and", "the baseline measured warm") if confirming else
