@@ -636,7 +636,10 @@ class Tuning:
                    and r.measurement is not None]
         if not earlier:
             return decision
-        ledger = Ledger.replayed([*earlier, *self.ledger.records], self.plan.dataset_len, self.plan.epochs,
+        # Each ledger numbers its trials from 0, and a verdict pairs trials by number (``Ledger.pairs``):
+        # renumbered in the order they were measured, the search's come before the check's.
+        joined = [replace(r, number=i) for i, r in enumerate([*earlier, *self.ledger.records])]
+        ledger = Ledger.replayed(joined, self.plan.dataset_len, self.plan.epochs,
                                  self.ledger.stop_per_worker_s)
         weighed = ledger.decide(ledger.finalists(self.baseline, self.space), self.baseline)
         base = weighed.baseline
@@ -657,19 +660,20 @@ class Tuning:
         if self.incumbent is None:
             return decision
         incumbent, chose_it = self.incumbent
-        confirming = self.phase is Phase.CONFIRMING
         if incumbent == self.baseline or decision.chosen.candidate != self.baseline:
             return decision
+        if self.phase is Phase.CONFIRMING:
+            cut = "the check against the baseline, measured warm, was cut short"
+            why, against = "it won its search, and", "the baseline measured warm"
+        else:
+            cut = "the filled cache did not beat it"
+            why, against = "no cache configuration beat the baseline with confidence, and", "the baseline"
         verdict = self.ledger.verdict(incumbent, self.baseline)
         if verdict is not None and verdict.loses:
             return decision  # slower than the baseline with confidence: the baseline again
         if verdict is None:  # not measured in the check: as it was chosen
-            return replace(chose_it, reason=f"{chose_it.reason}; " + (
-                "the check against the baseline, measured warm, was cut short" if confirming
-                else "the filled cache did not beat it"))
+            return replace(chose_it, reason=f"{chose_it.reason}; {cut}")
         served, said = self.ledger.served(incumbent, self.baseline, verdict)
-        why, against = (("it won its search, and", "the baseline measured warm") if confirming else
-                        ("no cache configuration beat the baseline with confidence, and", "the baseline"))
         return Decision(self.ledger.summarize(incumbent), decision.baseline, decision.challenger, verdict,
                         f"kept {incumbent.label()}: {why} {incumbent.label()} measured {said} against"
                         f" {against}, not slower with confidence", served=served)
