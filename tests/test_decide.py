@@ -13,6 +13,7 @@ from autotune.decide import (
     BLOCK_DEGREES,
     CONFIDENCE,
     INTERIM_CONFIDENCE,
+    RUNNER_UP_CONFIDENCE,
     TIE_TOLERANCE,
     Ledger,
     t_quantile,
@@ -104,6 +105,59 @@ def test_nothing_measured_is_a_failure_naming_the_reasons() -> None:
 
     with pytest.raises(TuningFailed, match="WorkerFailed: boom"):
         led.decide([FAST], BASE)
+
+
+THREADED_CACHE = Candidate(32, num_workers=1, prefetch_factor=2, worker_kind="thread", pretransform="ram")
+ONE_THREAD_CACHE = Candidate(32, pretransform="ram", torch_threads=1)
+
+
+def _recorded(windows: list[tuple[Candidate, str, float, float]]) -> Ledger:
+    """Windows in the order they were measured: (candidate, phase, samples/s, their batches' log_se)."""
+    led = Ledger(dataset_len=None, epochs=1)
+    for c, phase, sps, se in windows:
+        led.record(c, phase, "complete", m=replace(m(sps), log_se=se))  # type: ignore[arg-type]
+    return led
+
+
+def _uneven_pick(steady: tuple[float, float]) -> Ledger:
+    """The decision benchmark's PNG folder with nothing written (its figures): thread workers over
+    the filled cache, ahead by their median, read 8,272 and 14,580 beside the baseline's 1,500-1,700;
+    ``steady`` are the two windows of ``w=0 ram t=1``."""
+    return _recorded([
+        (BASE, "baseline", 1517.0, 0.041), (THREADED_CACHE, "online", 8272.0, 0.112),
+        (ONE_THREAD_CACHE, "online", steady[0], 0.019), (ONE_THREAD_CACHE, "final", steady[1], 0.035),
+        (BASE, "final", 1708.0, 0.030), (THREADED_CACHE, "final", 14580.0, 0.015),
+        (BASE, "final", 1536.0, 0.090),
+    ])
+
+
+def test_a_finalist_that_wins_at_the_stricter_confidence_stands_in_for_an_undecided_pick() -> None:
+    led = _uneven_pick((8386.0, 7846.0))
+    finalists = [THREADED_CACHE, ONE_THREAD_CACHE, BASE]
+    assert led.pick([THREADED_CACHE, ONE_THREAD_CACHE]).candidate == THREADED_CACHE  # type: ignore[union-attr]
+    unsure = led.verdict(THREADED_CACHE, BASE)
+    assert unsure is not None and not unsure.wins  # 5.4x, its interval from under 1x
+    d = led.decide(finalists, BASE)
+    assert d.chosen.candidate == ONE_THREAD_CACHE and d.verdict is not None and d.verdict.wins
+    assert d.verdict.confidence == CONFIDENCE and 4.0 < d.verdict.ratio < 5.0  # reported at 95 %
+    assert "ahead by its median score" in d.reason and "99% confidence" in d.reason
+
+
+def test_a_finalist_that_wins_only_at_the_pick_s_confidence_does_not_stand_in() -> None:
+    # Two windows 1.58x and 1.43x the baseline's beside them: past 1.05x at 95 %, not at 99 %.
+    led = _uneven_pick((2700.0, 2200.0))
+    runner_up = led.verdict(ONE_THREAD_CACHE, BASE)
+    assert runner_up is not None and runner_up.wins
+    strict = led.verdict(ONE_THREAD_CACHE, BASE, RUNNER_UP_CONFIDENCE)
+    assert strict is not None and not strict.wins
+    d = led.decide([THREADED_CACHE, ONE_THREAD_CACHE, BASE], BASE)
+    assert d.kept_baseline and d.undecided and d.challenger is not None
+    assert d.challenger.candidate == THREADED_CACHE
+
+
+@pytest.mark.parametrize(("df", "q"), [(1, 31.821), (4, 3.747), (13, 2.681), (500, 2.326)])
+def test_the_runner_up_quantiles_are_the_tables(df: int, q: float) -> None:
+    assert t_quantile(df, RUNNER_UP_CONFIDENCE) == pytest.approx(q)
 
 
 @pytest.mark.parametrize(("df", "q"), [(1, 6.314), (2, 2.920), (11, 1.812), (500, 1.645)])
